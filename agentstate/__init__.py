@@ -1,0 +1,59 @@
+"""agentstate: an embedded, transactional state store for AI agents.
+
+One SQLite file in WAL mode; many local processes share it safely.
+"""
+
+from ._database import Database, open
+from ._scope import Appended, Scope, State, Versioned
+from ._thread import ThreadStateClient, ThreadStateStore
+from .errors import (
+    AgentStateError,
+    Busy,
+    Closed,
+    Damaged,
+    Forbidden,
+    HistoryGap,
+    InvalidKey,
+    InvalidTransition,
+    InvalidValue,
+    NotAList,
+    NotFound,
+    RunExists,
+    RunNotFound,
+    SchemaTooNew,
+    SessionBusy,
+    StorageError,
+    TooLarge,
+    VersionConflict,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentStateError",
+    "Appended",
+    "Busy",
+    "Closed",
+    "Damaged",
+    "Database",
+    "Forbidden",
+    "HistoryGap",
+    "InvalidKey",
+    "InvalidTransition",
+    "InvalidValue",
+    "NotAList",
+    "NotFound",
+    "RunExists",
+    "RunNotFound",
+    "SchemaTooNew",
+    "Scope",
+    "SessionBusy",
+    "State",
+    "StorageError",
+    "ThreadStateClient",
+    "ThreadStateStore",
+    "TooLarge",
+    "VersionConflict",
+    "Versioned",
+    "open",
+]

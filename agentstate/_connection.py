@@ -1,0 +1,291 @@
+"""The connection layer: opening, pragmas, schema and migrations, transactions.
+
+One apsw connection per thread (a connection carries one transaction at a
+time), reopened after ``fork()``. Every write goes through :meth:`Store.write`:
+``BEGIN IMMEDIATE`` so a writer takes the write lock up front (a deferred
+transaction that upgrades later can fail with SQLITE_BUSY regardless of the
+timeout), ROLLBACK on any exception, COMMIT only on success, and SAVEPOINTs
+when nested inside ``db.transaction()``. Driver errors are translated here,
+where they enter the library.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from .errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError
+
+APPLICATION_ID = 1634952052  # 'agst'
+SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+
+# Connections abandoned in a fork()ed child: closing them there could
+# checkpoint or unlink the parent's WAL, so they are kept alive, unused.
+_abandoned: list[apsw.Connection] = []
+
+
+def schema_text() -> str:
+    """The schema: shipped inside the wheel, or the repository's top-level file."""
+    shipped = resources.files("agentstate").joinpath("schema.sql")
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parent.parent / "schema.sql").read_text(encoding="utf-8")
+
+
+SCHEMA = schema_text()
+SCHEMA_VERSION = int(re.findall(r"PRAGMA user_version = (\d+);", SCHEMA)[-1])
+
+# Upgrades: MIGRATIONS[n] takes a file from version n to n + 1. Each runs
+# inside the one transaction that opens the file.
+MIGRATIONS: dict[int, str] = {}
+
+
+def now_iso() -> str:
+    """The store's own UTC time, ISO-8601 with microseconds and a Z."""
+    ns = time.time_ns()
+    s, us = divmod(ns // 1000, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + f".{us:06d}Z"
+
+
+def translate(e: apsw.Error) -> AgentStateError:
+    """The agentstate error for a driver error."""
+    if isinstance(e, (apsw.BusyError, apsw.LockedError)):
+        return Busy(f"the database stayed locked by other writers: {e}")
+    if isinstance(e, (apsw.CorruptError, apsw.NotADBError)):
+        return Damaged(f"the database file is damaged or not SQLite: {e}")
+    if isinstance(e, apsw.ConnectionClosedError):
+        return Closed("the database is closed")
+    return StorageError(f"storage error: {type(e).__name__}: {e}")
+
+
+def default_path() -> str:
+    return os.environ.get("AGENTSTATE_DB") or "agentstate.db"
+
+
+class Store:
+    """Connections to one database file, shared by the threads of a process."""
+
+    def __init__(self, path: str | os.PathLike[str], durability: str, busy_timeout: float) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.durability = durability
+        self.busy_ms = max(0, int(busy_timeout * 1000))
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._conns: list[apsw.Connection] = []
+        self._pid = os.getpid()
+        self._closed = False
+        self._create_file()
+        self.conn()  # opens, applies the schema or refuses the file
+
+    # -- opening -------------------------------------------------------------
+
+    def _create_file(self) -> None:
+        folder = os.path.dirname(self.path)
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            if os.path.isdir(self.path):
+                raise StorageError(f"{self.path} is a directory, not a database file")
+            # Owner-only from the first byte; SQLite gives -wal and -shm the
+            # same mode as the database file.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            if isinstance(e, AgentStateError):
+                raise
+            raise StorageError(f"cannot open {self.path}: {e.strerror or e}") from None
+        try:
+            if os.fstat(fd).st_size == 0:
+                os.fchmod(fd, 0o600)  # whatever the umask
+        finally:
+            os.close(fd)
+
+    def _connect(self) -> apsw.Connection:
+        try:
+            c = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+        except apsw.Error as e:
+            raise StorageError(f"cannot open {self.path}: {e}") from None
+        try:
+            c.set_busy_timeout(self.busy_ms)
+            c.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+            c.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+            if c.readonly("main"):
+                raise StorageError(f"{self.path} is read-only for this process (file permissions)")
+            self._check_header(c)
+            mode = c.pragma("journal_mode", "wal")
+            if mode != "wal":
+                raise StorageError(f"cannot switch {self.path} to WAL mode (got {mode})")
+            c.pragma("synchronous", SYNCHRONOUS[self.durability])
+            c.pragma("foreign_keys", "ON")
+            c.pragma("cache_size", -16384)  # 16 MiB
+            self._ensure_schema(c)
+        except BaseException as e:
+            c.close(True)
+            if isinstance(e, apsw.Error):
+                raise translate(e) from None
+            raise
+        return c
+
+    def _check_header(self, c: apsw.Connection) -> None:
+        version = c.pragma("user_version")
+        app = c.pragma("application_id")
+        if app not in (0, APPLICATION_ID):
+            raise Damaged(f"{self.path} is an SQLite file of another application (id {app})")
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} has schema version {version}; this agentstate knows up to "
+                f"{SCHEMA_VERSION}: upgrade agentstate"
+            )
+
+    def _ensure_schema(self, c: apsw.Connection) -> None:
+        if c.pragma("user_version") == SCHEMA_VERSION:
+            return
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            self._check_header(c)  # another process may have set it up meanwhile
+            version = c.pragma("user_version")
+            if version == 0:
+                if c.execute("SELECT count(*) FROM sqlite_schema").get:
+                    raise Damaged(f"{self.path} is an SQLite database but not an agentstate one")
+                c.execute(SCHEMA)
+            while version < SCHEMA_VERSION and version != 0:
+                c.execute(MIGRATIONS[version])
+                version += 1
+                c.pragma("user_version", version)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    # -- per-thread connections ---------------------------------------------
+
+    def conn(self) -> apsw.Connection:
+        if self._closed:
+            raise Closed(f"the database {self.path} is closed")
+        pid = os.getpid()
+        if pid != self._pid:
+            self._after_fork(pid)
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._connect()
+            with self._lock:
+                if self._closed:
+                    c.close(True)
+                    raise Closed(f"the database {self.path} is closed")
+                self._conns.append(c)
+            self._local.conn = c
+            self._local.depth = 0
+        return c
+
+    def _after_fork(self, pid: int) -> None:
+        # The parent's connections must not be used (or closed) in the child.
+        with self._lock:
+            if pid == self._pid:
+                return
+            _abandoned.extend(self._conns)
+            self._conns = []
+            self._local = threading.local()
+            self._lock = threading.Lock()
+            self._pid = pid
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns, self._conns = self._conns, []
+        if os.getpid() != self._pid:
+            _abandoned.extend(conns)
+            return
+        for c in conns:
+            try:
+                c.close(True)
+            except apsw.Error:
+                pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- transactions --------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[apsw.Connection]:
+        """One write transaction (BEGIN IMMEDIATE), or a savepoint inside one."""
+        c = self.conn()
+        local = self._local
+        depth = local.depth
+        try:
+            if depth:
+                c.execute("SAVEPOINT w")
+            else:
+                c.execute("BEGIN IMMEDIATE")
+        except apsw.Error as e:
+            raise translate(e) from None
+        local.depth = depth + 1
+        try:
+            yield c
+        except BaseException as e:
+            local.depth = depth
+            try:
+                c.execute("ROLLBACK TO w; RELEASE w" if depth else "ROLLBACK")
+            except apsw.Error:
+                pass  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
+            if isinstance(e, apsw.Error):
+                raise translate(e) from None
+            raise
+        local.depth = depth
+        try:
+            c.execute("RELEASE w" if depth else "COMMIT")
+        except apsw.Error as e:
+            if not depth and c.in_transaction:
+                try:
+                    c.execute("ROLLBACK")
+                except apsw.Error:
+                    pass
+            raise translate(e) from None
+
+    @contextmanager
+    def read(self) -> Iterator[apsw.Connection]:
+        """A connection for reading; each statement sees one consistent snapshot."""
+        c = self.conn()
+        try:
+            yield c
+        except apsw.Error as e:
+            raise translate(e) from None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[apsw.Connection]:
+        """Several reads that must see the same state: a read transaction."""
+        c = self.conn()
+        if self._local.depth:
+            with self.read() as c:
+                yield c
+            return
+        try:
+            c.execute("BEGIN")
+        except apsw.Error as e:
+            raise translate(e) from None
+        try:
+            yield c
+        except apsw.Error as e:
+            raise translate(e) from None
+        finally:
+            try:
+                c.execute("COMMIT")
+            except apsw.Error:
+                pass
+
+    def in_write(self) -> bool:
+        return bool(getattr(self._local, "depth", 0))
+
+    def query(self, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
+        with self.read() as c:
+            return c.execute(sql, args).fetchall()

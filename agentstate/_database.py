@@ -1,0 +1,124 @@
+"""The ``Database`` object and ``open()``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._connection import Store, default_path
+from ._scope import Scope, State
+from .errors import Closed, InvalidValue
+
+
+class Options(BaseModel):
+    """How a database is opened; checked where the caller's settings come in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str
+    durability: Literal["full", "normal"] = "full"
+    busy_timeout: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+
+
+class Database:
+    """One agentstate file. Safe to share between threads; open one per process."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._store = Store(options.path, options.durability, options.busy_timeout)
+        self._runs: Any = None
+        self._sessions: Any = None
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    @property
+    def durability(self) -> str:
+        return self._store.durability
+
+    def __repr__(self) -> str:
+        return f"<agentstate.Database {self.path!r}{' closed' if self._store.closed else ''}>"
+
+    def _check_open(self) -> None:
+        if self._store.closed:
+            raise Closed(f"the database {self.path} is closed")
+
+    def scope(self, kind: str, scope_id: str) -> Scope:
+        """The keys of one scope: kind is thread, session, agent, user or app."""
+        self._check_open()
+        return Scope(self._store, kind, scope_id)
+
+    def state(self, **ids: str) -> State:
+        """Several scopes at once, e.g. ``db.state(session="s-1", agent="bot")``."""
+        self._check_open()
+        return State(self._store, ids)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Database]:
+        """Group the calls made in the block (this thread) into one transaction.
+
+        All are written or none: an exception in the block rolls back and propagates.
+        """
+        with self._store.write():
+            yield self
+
+    @property
+    def runs(self) -> Any:
+        """The run store (history entries and snapshots), SPEC §3."""
+        self._check_open()
+        if self._runs is None:
+            from ._runs import RunStore
+
+            self._runs = RunStore(self._store)
+        return self._runs
+
+    @property
+    def sessions(self) -> Any:
+        """Sessions and turns, SPEC §4."""
+        self._check_open()
+        if self._sessions is None:
+            from ._sessions import Sessions
+
+            self._sessions = Sessions(self._store)
+        return self._sessions
+
+    def close(self) -> None:
+        """Close every connection; idempotent. Any later call raises Closed."""
+        self._store.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    durability: str = "full",
+    busy_timeout: float = 5.0,
+) -> Database:
+    """Open (creating if needed) the agentstate database at ``path``.
+
+    ``path`` defaults to ``$AGENTSTATE_DB``, else ``./agentstate.db``.
+    ``durability="full"``: every returned write is on disk; ``"normal"``: the
+    last commits may be lost on power failure, the file is never corrupted.
+
+    :raises SchemaTooNew: the file was written by a newer agentstate.
+    :raises Damaged: the file is not an agentstate database.
+    :raises StorageError: the file cannot be opened for writing.
+    """
+    try:
+        options = Options(
+            path=os.fspath(path) if path is not None else default_path(),
+            durability=durability,
+            busy_timeout=busy_timeout,
+        )
+    except (ValidationError, TypeError) as e:
+        raise InvalidValue(f"bad open() argument: {e}") from None
+    return Database(options)

@@ -1,0 +1,168 @@
+"""Validation and encoding: the one place that checks keys and values.
+
+Values are checked in one iterative walk (no recursion, so no RecursionError
+at any depth) and then encoded by the C json encoder into compact UTF-8 JSON.
+Lone surrogates are caught by that final UTF-8 encode.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import InvalidKey, InvalidValue, TooLarge
+
+MAX_KEY = 200
+MAX_VALUE = 1024 * 1024  # bytes of compact JSON, for a value and for a whole list
+MAX_DEPTH = 512  # [] is 1 level
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+SCOPE_KINDS = ("thread", "session", "agent", "user", "app")
+
+_KEY = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
+_PREFIX = re.compile(r"[A-Za-z0-9._:\-]{0,200}")
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def _reject_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
+# Stored text is always strict JSON; bytes values may be anything, so NaN and
+# Infinity literals are refused when parsing them too.
+_loads = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
+def check_key(key: Any, what: str = "key") -> str:
+    """Return ``key`` if it follows the key rules, else raise InvalidKey."""
+    if type(key) is not str or _KEY.fullmatch(key) is None:
+        raise InvalidKey(
+            f"{what} must be 1-{MAX_KEY} characters of A-Z a-z 0-9 . _ : -, got {_show(key)}"
+        )
+    return key
+
+
+def check_kind(kind: Any) -> str:
+    if kind not in SCOPE_KINDS or type(kind) is not str:
+        raise InvalidKey(f"scope kind must be one of {', '.join(SCOPE_KINDS)}, got {_show(kind)}")
+    return kind
+
+
+def prefix_ok(prefix: Any) -> bool:
+    """Whether some key could start with ``prefix`` (else listing gives [])."""
+    if type(prefix) is not str:
+        raise InvalidKey(f"prefix must be a string, got {_show(prefix)}")
+    return _PREFIX.fullmatch(prefix) is not None
+
+
+def _show(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def check_value(value: Any) -> None:
+    """Raise InvalidValue unless ``value`` is storable JSON (SPEC §2)."""
+    t = type(value)
+    if t is str:
+        if "\x00" in value:
+            raise InvalidValue("strings may not contain NUL (U+0000)")
+        return
+    if t is int or t is bool or value is None:
+        if t is int and not INT_MIN <= value <= INT_MAX:
+            raise InvalidValue(f"integer {value} is outside the signed 64-bit range")
+        return
+    # Containers and everything else: an explicit stack of (value, depth).
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                raise InvalidValue("strings may not contain NUL (U+0000)")
+        elif isinstance(v, bool) or v is None:
+            pass
+        elif isinstance(v, int):
+            if not INT_MIN <= v <= INT_MAX:
+                raise InvalidValue(f"integer {v} is outside the signed 64-bit range")
+        elif isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise InvalidValue(f"{v} is not a JSON number")
+        elif isinstance(v, (list, tuple)):
+            if depth > MAX_DEPTH:
+                raise InvalidValue(f"nesting deeper than {MAX_DEPTH} levels")
+            d = depth + 1
+            for item in v:
+                push((item, d))
+        elif isinstance(v, dict):
+            if depth > MAX_DEPTH:
+                raise InvalidValue(f"nesting deeper than {MAX_DEPTH} levels")
+            d = depth + 1
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise InvalidValue(f"object keys must be strings, got {_show(k)}")
+                if "\x00" in k:
+                    raise InvalidValue("object keys may not contain NUL (U+0000)")
+                push((item, d))
+        else:
+            raise InvalidValue(f"{type(v).__name__} is not a JSON value")
+
+
+def _text_size(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidValue("strings may not contain lone surrogates") from None
+
+
+def _dump(value: Any) -> str:
+    try:
+        return _dumps(value)
+    except RecursionError:  # only when the caller's own stack is nearly full
+        raise InvalidValue("value is nested too deeply to encode here") from None
+
+
+def encode(value: Any, limit: int = MAX_VALUE) -> tuple[str, int]:
+    """Validate ``value``; return its compact JSON text and its size in UTF-8 bytes.
+
+    :raises InvalidValue: not storable JSON.
+    :raises TooLarge: the UTF-8 JSON is over ``limit`` bytes.
+    """
+    check_value(value)
+    text = _dump(value)
+    size = _text_size(text)
+    if size > limit:
+        raise TooLarge(f"value is {size} bytes, over the limit of {limit}", size, limit)
+    return text, size
+
+
+def encode_items(items: Any, limit: int = MAX_VALUE) -> tuple[list[str], int]:
+    """Validate the items of a list, to be stored one row each.
+
+    Returns the JSON text of each item and the size of the JSON of the list
+    made of just these items. The depth limit counts the list itself.
+    """
+    if not isinstance(items, (list, tuple)):
+        raise InvalidValue(f"items must be a list, got {type(items).__name__}")
+    check_value(items)
+    texts = [_dump(x) for x in items]
+    size = list_size(len(texts), sum(map(_text_size, texts)))
+    if size > limit:
+        raise TooLarge(f"list is {size} bytes, over the limit of {limit}", size, limit)
+    return texts, size
+
+
+def list_size(n: int, item_bytes: int) -> int:
+    """Bytes of the compact JSON of a list of ``n`` items of ``item_bytes`` in all."""
+    return 2 + item_bytes + (n - 1 if n else 0)
+
+
+def decode(data: str | bytes) -> Any:
+    """Parse stored JSON; non-UTF-8 bytes raise json.JSONDecodeError too (SPEC §2)."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise json.JSONDecodeError(f"not UTF-8: {e.reason}", repr(data[:40]), e.start) from None
+    return _loads(data)

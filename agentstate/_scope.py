@@ -1,0 +1,218 @@
+"""Scoped key-value state: the public ``Scope`` and the ``State`` bundle.
+
+Thin: validate and encode, run one repository function in one transaction,
+turn stored text back into values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _kv
+from ._encoding import MAX_VALUE, SCOPE_KINDS, check_key, check_kind, decode, encode, encode_items, prefix_ok
+from .errors import InvalidValue, NotAList, TooLarge
+
+if TYPE_CHECKING:
+    from ._connection import Store
+
+
+class Versioned(NamedTuple):
+    """A value with its version; an absent key is ``(None, 0)``."""
+
+    value: Any
+    version: int
+
+
+class Appended(NamedTuple):
+    """The length of a list and its version after an append."""
+
+    length: int
+    version: int
+
+
+def _check_version(if_version: Any) -> int | None:
+    if if_version is None:
+        return None
+    if type(if_version) is not int or if_version < 0:
+        raise InvalidValue(f"if_version must be an integer >= 0, got {if_version!r}")
+    return if_version
+
+
+def _check_index(name: str, i: Any) -> None:
+    if type(i) is not int:
+        raise InvalidValue(f"{name} must be an integer, got {i!r}")
+
+
+def _value(row: tuple[Any, ...]) -> Any:
+    type_, value, _version, items = row
+    if type_ == "list":
+        return decode(f"[{items}]" if items is not None else "[]")
+    return decode(value)
+
+
+def _encode_value(value: Any) -> tuple[str, Any, int, list[str] | None]:
+    """(type, stored value, size, items): lists are stored one row per item."""
+    if isinstance(value, (list, tuple)):
+        items, size = encode_items(value)
+        return "list", None, size, items
+    text, size = encode(value)
+    return "json", text, size, None
+
+
+class Scope:
+    """The keys of one scope, e.g. ``db.scope("session", "s-42")``."""
+
+    __slots__ = ("_store", "kind", "id")
+
+    def __init__(self, store: Store, kind: str, scope_id: str) -> None:
+        self._store = store
+        self.kind = check_kind(kind)
+        self.id = check_key(scope_id, "scope id")
+
+    def __repr__(self) -> str:
+        return f"<Scope {self.kind}:{self.id}>"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` when absent."""
+        check_key(key)
+        with self._store.read() as c:
+            row = _kv.get(c, self.kind, self.id, key)
+        return default if row is None else _value(row)
+
+    def get_versioned(self, key: str) -> Versioned:
+        """``Versioned(value, version)``; ``(None, 0)`` when absent."""
+        check_key(key)
+        with self._store.read() as c:
+            row = _kv.get(c, self.kind, self.id, key)
+        return Versioned(None, 0) if row is None else Versioned(_value(row), row[2])
+
+    def put(self, key: str, value: Any, *, if_version: int | None = None) -> int:
+        """Write ``value``; return the new version.
+
+        :raises VersionConflict: ``if_version`` is not the current version (0: absent).
+        :raises InvalidKey, InvalidValue, TooLarge: refused before anything is written.
+        """
+        check_key(key)
+        if_version = _check_version(if_version)
+        type_, stored, size, items = _encode_value(value)
+        with self._store.write() as c:
+            return _kv.put(c, self.kind, self.id, key, type_, stored, size, items, if_version)
+
+    def delete(self, key: str, *, if_version: int | None = None) -> bool:
+        """Remove ``key``; True if it existed. :raises VersionConflict: as for put."""
+        check_key(key)
+        if_version = _check_version(if_version)
+        with self._store.write() as c:
+            return _kv.delete(c, self.kind, self.id, key, if_version)
+
+    def update(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
+        """Replace the value by ``fn(value)`` atomically and return the new value.
+
+        ``fn`` gets ``default`` only when the key is absent. It runs inside the
+        write transaction, so no concurrent write can slip in between the read
+        and the write; an exception from ``fn`` writes nothing and propagates.
+        """
+        check_key(key)
+        with self._store.write() as c:
+            row = _kv.get(c, self.kind, self.id, key)
+            new = fn(default if row is None else _value(row))
+            type_, stored, size, items = _encode_value(new)
+            _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
+                    0 if row is None else row[2])
+        return new
+
+    def append(self, key: str, items: list[Any]) -> Appended:
+        """Add ``items`` at the end of the list ``key`` (created if absent).
+
+        :raises NotAList: the key holds another kind of value.
+        :raises TooLarge: the whole list would be over 1 MiB of JSON.
+        """
+        check_key(key)
+        texts, size = encode_items(items)
+        with self._store.write() as c:
+            return Appended(*_kv.append(c, self.kind, self.id, key, texts, size))
+
+    def slice(self, key: str, start: int = 0, stop: int | None = None) -> list[Any]:
+        """``list[start:stop]`` with Python's slice rules; [] when absent.
+
+        :raises NotAList: the key holds another kind of value.
+        """
+        check_key(key)
+        _check_index("start", start)
+        if stop is not None:
+            _check_index("stop", stop)
+        with self._store.read() as c:
+            texts = _kv.slice_items(c, self.kind, self.id, key, start, stop)
+        if texts is None:
+            raise NotAList(f"{self.kind}:{self.id} {key} does not hold a list")
+        return decode("[" + ",".join(texts) + "]")
+
+    def length(self, key: str) -> int:
+        """Items in the list ``key``; 0 when absent. :raises NotAList:"""
+        check_key(key)
+        with self._store.read() as c:
+            n = _kv.length(c, self.kind, self.id, key)
+        if n is None:
+            raise NotAList(f"{self.kind}:{self.id} {key} does not hold a list")
+        return n
+
+    def list(self, prefix: str = "", *, after: str | None = None, limit: int | None = None) -> list[str]:
+        """Keys of this scope starting with the literal ``prefix``, ascending.
+
+        ``after`` returns only keys after that one (for paging); ``limit`` caps the count.
+        """
+        if after is not None and type(after) is not str:
+            raise InvalidValue(f"after must be a string or None, got {after!r}")
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise InvalidValue(f"limit must be an integer >= 0 or None, got {limit!r}")
+        if not prefix_ok(prefix):
+            self._store.conn()  # still refuse a closed database
+            return []
+        with self._store.read() as c:
+            return _kv.keys(c, self.kind, self.id, prefix, after, limit)
+
+    def put_bytes(self, key: str, data: bytes, *, if_version: int | None = None) -> int:
+        """Store raw bytes under ``key``; return the new version."""
+        check_key(key)
+        if_version = _check_version(if_version)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidValue(f"data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) > MAX_VALUE:
+            raise TooLarge(f"value is {len(data)} bytes, over the limit of {MAX_VALUE}", len(data), MAX_VALUE)
+        with self._store.write() as c:
+            return _kv.put(c, self.kind, self.id, key, "bytes", data, len(data), None, if_version)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """The stored bytes; a JSON value as its UTF-8 JSON text; None when absent."""
+        check_key(key)
+        with self._store.read() as c:
+            row = _kv.get(c, self.kind, self.id, key)
+        if row is None:
+            return None
+        type_, value, _version, items = row
+        if type_ == "bytes":
+            return value
+        if type_ == "list":
+            return f"[{items or ''}]".encode("utf-8")
+        return value.encode("utf-8")
+
+
+class State:
+    """Several scopes at once: ``db.state(session="s", agent="a").session``."""
+
+    def __init__(self, store: Store, ids: dict[str, str]) -> None:
+        for kind, scope_id in ids.items():
+            check_kind(kind)
+            if scope_id is not None:
+                object.__setattr__(self, kind, Scope(store, kind, scope_id))
+
+    def __getattr__(self, name: str) -> Scope:
+        if name in SCOPE_KINDS:
+            raise AttributeError(f"no {name} id was given to db.state(...)")
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={getattr(self, k).id!r}" for k in SCOPE_KINDS if k in self.__dict__)
+        return f"<State {inner}>"

@@ -1,0 +1,128 @@
+"""The errors of agentstate (SPEC §6).
+
+Each error also inherits the builtin it resembles, so a plain
+``except ValueError`` or ``except LookupError`` keeps working, and carries a
+stable ``code`` and the matching HTTP ``status``.
+"""
+
+from __future__ import annotations
+
+
+class AgentStateError(Exception):
+    """Base class of every error agentstate raises."""
+
+    code = "error"
+    status = 500
+
+
+class InvalidKey(AgentStateError, ValueError):
+    """A key, scope kind, scope id or name breaks the key rules."""
+
+    code, status = "invalid_key", 400
+
+
+class InvalidValue(AgentStateError, ValueError, TypeError):
+    """A value is not storable JSON (NaN, NUL, a set, too deep, ...)."""
+
+    code, status = "invalid_value", 400
+
+
+class TooLarge(AgentStateError, ValueError):
+    """A value or list is over its size limit; ``.size`` and ``.limit`` in bytes."""
+
+    code, status = "too_large", 413
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class VersionConflict(AgentStateError):
+    """``if_version`` did not match; ``.current_version`` is what is stored (0: absent)."""
+
+    code, status = "version_conflict", 409
+
+    def __init__(self, message: str, current_version: int) -> None:
+        super().__init__(message)
+        self.current_version = current_version
+
+
+class NotAList(AgentStateError, TypeError):
+    """A list operation on a value that is not a list."""
+
+    code, status = "not_a_list", 409
+
+
+class HistoryGap(AgentStateError, ValueError):
+    """Run entries do not continue right after the last stored seq."""
+
+    code, status = "history_gap", 409
+
+
+class RunExists(AgentStateError, ValueError):
+    """A run with that id exists already."""
+
+    code, status = "already_exists", 409
+
+
+class NotFound(AgentStateError, LookupError):
+    """No such session or turn (or not one this principal may see)."""
+
+    code, status = "not_found", 404
+
+
+class RunNotFound(NotFound):
+    """No run with that id."""
+
+
+class SessionBusy(AgentStateError):
+    """Another turn of the session is queued or running; ``.turn_id`` names it."""
+
+    code, status = "session_busy", 409
+
+    def __init__(self, message: str, turn_id: str) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+
+
+class InvalidTransition(AgentStateError):
+    """A turn state change outside the diagram of SPEC §4."""
+
+    code, status = "invalid_transition", 409
+
+
+class Forbidden(AgentStateError, PermissionError):
+    """The principal may not do this (an admin-only action)."""
+
+    code, status = "forbidden", 403
+
+
+class Busy(AgentStateError):
+    """The database stayed locked by other writers past ``busy_timeout``."""
+
+    code, status = "busy", 503
+
+
+class Damaged(AgentStateError, ValueError):
+    """The file or a stored record is inconsistent or not an agentstate database."""
+
+    code, status = "damaged", 500
+
+
+class SchemaTooNew(AgentStateError, ValueError):
+    """The file was written by a newer agentstate; it is left untouched."""
+
+    code, status = "schema_too_new", 500
+
+
+class Closed(AgentStateError):
+    """The Database was closed."""
+
+    code, status = "closed", 500
+
+
+class StorageError(AgentStateError, OSError):
+    """The file could not be opened, read or written (permissions, disk full, I/O)."""
+
+    code, status = "storage_error", 500

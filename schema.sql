@@ -1,0 +1,132 @@
+-- agentstate schema: the one and only copy. The package applies this file to
+-- a new database in one transaction; PRAGMA user_version (last line) is the
+-- schema version that migrations compare against.
+--
+-- Conventions: every table is STRICT; values are JSON text (never JSONB) so
+-- json_extract works in any sqlite3 shell from 3.37 on; times are ISO-8601 UTC
+-- text ('2026-11-30T12:00:00.000000Z'), which sorts in time order.
+
+PRAGMA application_id = 1634952052;  -- 'agst': marks the file as ours
+
+-- Keys of scoped state: one row per live (kind, scope_id, key).
+CREATE TABLE kv (
+    id         INTEGER PRIMARY KEY,
+    kind       TEXT    NOT NULL CHECK (kind IN ('thread', 'session', 'agent', 'user', 'app')),
+    scope_id   TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    version    INTEGER NOT NULL CHECK (version >= 1),  -- +1 on every write of the key
+    type       TEXT    NOT NULL CHECK (type IN ('json', 'bytes', 'list')),
+    value      ANY,      -- json: JSON text; bytes: BLOB; list: NULL (items in list_item)
+    length     INTEGER,  -- list: number of items; else NULL
+    size       INTEGER NOT NULL CHECK (size >= 0),  -- bytes of the compact JSON (a list: of the whole list)
+    updated_at TEXT    NOT NULL,
+    UNIQUE (kind, scope_id, key),
+    CHECK ((type = 'list') = (length IS NOT NULL)),
+    CHECK ((type = 'list') = (value IS NULL))
+) STRICT;
+
+-- The last version of each deleted key. A re-created key continues from it,
+-- so a stale if_version never matches a re-created key. Consulted only when a
+-- key is created; a row may outlive the re-creation (the live version is higher).
+CREATE TABLE kv_deleted (
+    kind     TEXT    NOT NULL,
+    scope_id TEXT    NOT NULL,
+    key      TEXT    NOT NULL,
+    version  INTEGER NOT NULL,
+    PRIMARY KEY (kind, scope_id, key)
+) STRICT, WITHOUT ROWID;
+
+-- Items of list values, one row per item, so an append writes only the new
+-- items and a slice reads only what it returns. idx runs 0..length-1.
+CREATE TABLE list_item (
+    key_id INTEGER NOT NULL REFERENCES kv (id) ON DELETE CASCADE,
+    idx    INTEGER NOT NULL CHECK (idx >= 0),
+    item   TEXT    NOT NULL,  -- JSON text of one item
+    PRIMARY KEY (key_id, idx)
+) STRICT, WITHOUT ROWID;
+
+-- Agent runs: one row per run, holding the replaceable snapshot.
+CREATE TABLE run (
+    id         TEXT    PRIMARY KEY,
+    snapshot   TEXT,               -- JSON object, or NULL before the first one
+    next_seq   INTEGER NOT NULL DEFAULT 0 CHECK (next_seq >= 0),  -- seq the next entry must have
+    created_at TEXT    NOT NULL,
+    updated_at TEXT    NOT NULL
+) STRICT;
+CREATE INDEX run_by_updated ON run (updated_at);
+
+-- The append-only history of a run. The primary key makes a duplicate seq
+-- impossible; write() checks contiguity inside its transaction.
+CREATE TABLE run_entry (
+    run_id TEXT    NOT NULL REFERENCES run (id) ON DELETE CASCADE,
+    seq    INTEGER NOT NULL CHECK (seq >= 0),
+    entry  TEXT    NOT NULL,  -- JSON object, including its own "seq"
+    PRIMARY KEY (run_id, seq)
+) STRICT, WITHOUT ROWID;
+
+-- Sessions, owned by the principal (by name) that created them.
+CREATE TABLE session (
+    id         TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    metadata   TEXT NOT NULL DEFAULT '{}'  -- JSON object
+) STRICT;
+CREATE INDEX session_by_owner ON session (owner, created_at);
+
+-- Turns of a session. status follows queued -> running -> finished | failed;
+-- running -> held -> decided -> resuming -> finished | failed; a queued or
+-- running turn whose lease lapsed becomes 'expired'.
+CREATE TABLE turn (
+    id          TEXT    PRIMARY KEY,
+    session_id  TEXT    NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    n           INTEGER NOT NULL,  -- 1, 2, ... within the session: newest first sorts by it
+    status      TEXT    NOT NULL CHECK (status IN ('queued', 'running', 'held', 'decided',
+                                                   'resuming', 'finished', 'failed', 'expired')),
+    input       TEXT,   -- JSON
+    request     TEXT,   -- JSON, set by hold()
+    decision    TEXT,   -- JSON, set by decide()
+    result      TEXT,   -- JSON, set by finish()
+    error       TEXT,   -- plain text, set by fail()
+    lease_until REAL,   -- unix time; a queued/running/resuming turn past it is expired
+    created_at  TEXT    NOT NULL,
+    updated_at  TEXT    NOT NULL,
+    UNIQUE (session_id, n)
+) STRICT;
+
+-- One turn at a time, across processes: at most one queued or running turn
+-- per session. start_turn expires lapsed leases first, in the same transaction.
+CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
+
+-- Views for people using the sqlite3 shell.
+
+-- Every live key with its scope, value and version.
+CREATE VIEW state AS
+SELECT kind, scope_id, key,
+       CASE type WHEN 'list' THEN (SELECT json_group_array(json(item))
+                                   FROM (SELECT item FROM list_item WHERE key_id = kv.id ORDER BY idx))
+                 WHEN 'bytes' THEN CAST(value AS TEXT)
+                 ELSE value END AS value,
+       type, version, length, size, updated_at
+FROM kv;
+
+-- Every history entry of every run, in order.
+CREATE VIEW run_history AS
+SELECT run_id, seq, json_extract(entry, '$.type') AS type, entry
+FROM run_entry;
+
+-- Runs with their snapshot's summary fields.
+CREATE VIEW runs AS
+SELECT id, json_extract(snapshot, '$.task') AS task, json_extract(snapshot, '$.turn') AS turn,
+       json_extract(snapshot, '$.finished') AS finished, next_seq AS entries,
+       created_at, updated_at
+FROM run;
+
+-- Turns that block or may still act: queued, running, held, decided, resuming.
+CREATE VIEW active_turns AS
+SELECT t.session_id, s.owner, t.id AS turn_id, t.n, t.status,
+       strftime('%Y-%m-%dT%H:%M:%SZ', t.lease_until, 'unixepoch') AS lease_until,
+       t.lease_until < (julianday('now') - 2440587.5) * 86400.0 AS lease_lapsed, t.updated_at
+FROM turn t JOIN session s ON s.id = t.session_id
+WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
+
+PRAGMA user_version = 1;
