@@ -49,20 +49,33 @@ CREATE TABLE list_item (
 CREATE TABLE run (
     id         TEXT    PRIMARY KEY,
     snapshot   TEXT,               -- JSON object, or NULL before the first one
-    next_seq   INTEGER NOT NULL DEFAULT 0 CHECK (next_seq >= 0),  -- seq the next entry must have
+    next_seq   INTEGER NOT NULL DEFAULT 0 CHECK (next_seq >= 0),  -- entries stored: seq 0..next_seq-1
+    format     INTEGER NOT NULL DEFAULT 1,  -- run record format; a newer one is refused by load()
     created_at TEXT    NOT NULL,
     updated_at TEXT    NOT NULL
 ) STRICT;
 CREATE INDEX run_by_updated ON run (updated_at);
 
 -- The append-only history of a run. The primary key makes a duplicate seq
--- impossible; write() checks contiguity inside its transaction.
+-- impossible, and the triggers below make a gap impossible, whoever writes.
 CREATE TABLE run_entry (
     run_id TEXT    NOT NULL REFERENCES run (id) ON DELETE CASCADE,
     seq    INTEGER NOT NULL CHECK (seq >= 0),
     entry  TEXT    NOT NULL,  -- JSON object, including its own "seq"
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
+
+-- Entries are added only right after the last one: seq must equal next_seq.
+CREATE TRIGGER run_entry_contiguous BEFORE INSERT ON run_entry
+WHEN NEW.seq IS NOT (SELECT next_seq FROM run WHERE id = NEW.run_id)
+BEGIN
+    SELECT RAISE(ABORT, 'history gap: seq must follow the last stored entry');
+END;
+
+CREATE TRIGGER run_entry_count AFTER INSERT ON run_entry
+BEGIN
+    UPDATE run SET next_seq = NEW.seq + 1 WHERE id = NEW.run_id;
+END;
 
 -- Sessions, owned by the principal (by name) that created them.
 CREATE TABLE session (

@@ -4,6 +4,7 @@ One SQLite file in WAL mode; many local processes share it safely.
 """
 
 from ._database import Database, open
+from ._runs import Record, RunStore, SavedState
 from ._scope import Appended, Scope, State, Versioned
 from ._thread import ThreadStateClient, ThreadStateStore
 from .errors import (
@@ -37,6 +38,9 @@ __all__ = [
     "Damaged",
     "Database",
     "Forbidden",
+    "Record",
+    "RunStore",
+    "SavedState",
     "HistoryGap",
     "InvalidKey",
     "InvalidTransition",

@@ -29,3 +29,21 @@ def append(path: str, who: int, n: int, start, results) -> None:
             except Exception:
                 errors += 1
     results.put(errors)
+
+
+def history_writer(path: str, who: int, n: int, start, results) -> None:
+    """Append n entries to one shared run, racing the others for each next seq."""
+    start.wait()
+    won = gaps = other = 0
+    with agentstate.open(path) as db:
+        while won < n:
+            tail = db.runs.tail("shared", 1)
+            seq = tail[0]["seq"] + 1 if tail else 0
+            try:
+                db.runs.write("shared", [{"seq": seq, "who": who, "k": won}], {"last": who})
+                won += 1
+            except agentstate.HistoryGap:
+                gaps += 1
+            except Exception:
+                other += 1
+    results.put((who, won, other))

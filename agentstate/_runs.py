@@ -1,0 +1,287 @@
+"""Runs (SPEC §3): an append-only history of entries and one snapshot per run."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from pathlib import Path
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pydantic.dataclasses import dataclass
+
+from . import _runfiles
+from . import _runs_repo as repo
+from ._encoding import check_key, decode, encode
+from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
+
+if TYPE_CHECKING:
+    from ._connection import Store
+
+MAX_RECORD = 16 * 1024 * 1024  # an entry (with its seq) or a snapshot
+RUN_FORMAT = 1  # what run.format this agentstate writes and reads
+UNKNOWN_RESULT = (
+    "The run stopped after this tool call was made and before its result was saved: "
+    "the call may or may not have run. Check its effects before calling it again."
+)
+
+
+class Record(NamedTuple):
+    """A run: all entries in seq order, and the snapshot (or None)."""
+
+    entries: list[dict[str, Any]]
+    snapshot: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A run's summary: the store's own UTC times, the rest from the snapshot."""
+
+    id: str
+    task: str = ""
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    turn: int = 0
+    stopped_by: str | None = None
+    finished: bool = False
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        run_id: str,
+        snapshot: dict[str, Any] | None,
+        *,
+        created_at: datetime | None = None,
+        updated_at: datetime | None = None,
+    ) -> SavedState:
+        """Build a summary from a snapshot dict; fields of the wrong type take their defaults."""
+        snap = snapshot if isinstance(snapshot, dict) else {}
+        task, turn = snap.get("task"), snap.get("turn")
+        stopped_by, finished = snap.get("stopped_by"), snap.get("finished")
+        return cls(
+            id=run_id,
+            task=task if isinstance(task, str) else "",
+            created_at=created_at,
+            updated_at=updated_at,
+            turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else 0,
+            stopped_by=stopped_by if isinstance(stopped_by, str) else None,
+            finished=finished if isinstance(finished, bool) else False,
+        )
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+def _check_count(name: str, v: Any, allow_none: bool = False) -> None:
+    if v is None and allow_none:
+        return
+    if type(v) is not int or v < 0:
+        raise InvalidValue(f"{name} must be an integer >= 0, got {v!r}")
+
+
+def encode_entries(entries: Any) -> list[tuple[int, str]]:
+    """Validate entries (dicts with an int seq, consecutive) into (seq, JSON text)."""
+    if not isinstance(entries, (list, tuple)):
+        raise InvalidValue(f"entries must be a list of dicts, got {type(entries).__name__}")
+    out = []
+    for e in entries:
+        if not isinstance(e, dict):
+            raise InvalidValue(f"an entry must be a dict, got {type(e).__name__}")
+        seq = e.get("seq")
+        if type(seq) is not int or seq < 0:
+            raise InvalidValue(f"an entry needs an integer seq >= 0, got {seq!r}")
+        out.append((seq, encode(e, MAX_RECORD)[0]))
+    return out
+
+
+def encode_snapshot(snapshot: Any) -> str | None:
+    if snapshot is None:
+        return None
+    if not isinstance(snapshot, dict):
+        raise InvalidValue(f"a snapshot must be a dict or None, got {type(snapshot).__name__}")
+    return encode(snapshot, MAX_RECORD)[0]
+
+
+def _aversion(fn: Any) -> Any:
+    @functools.wraps(fn)
+    async def run(self: RunStore, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, self, *args, **kwargs)
+
+    run.__doc__ = f"Async {fn.__name__}: runs in a worker thread, never blocking the event loop."
+    return run
+
+
+def _decode_entries(rows: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    return decode("[" + ",".join(r[1] for r in rows) + "]") if rows else []
+
+
+class RunStore:
+    """``db.runs``: agent runs kept outside the process."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def write(
+        self, run_id: str, entries: list[dict[str, Any]], snapshot: dict[str, Any] | None,
+        *, create: bool = False,
+    ) -> None:
+        """Add history entries and replace the snapshot, in one transaction.
+
+        Entries whose seq the run has are skipped; the rest must continue right
+        after the last stored seq. ``snapshot=None`` keeps the current one.
+
+        :raises InvalidValue, TooLarge: checked first, before anything is read.
+        :raises RunExists: ``create=True`` and the run exists.
+        :raises RunNotFound: ``create=False`` and the run does not exist.
+        :raises HistoryGap: the entries leave a gap; nothing is written.
+        """
+        check_key(run_id, "run id")
+        rows = encode_entries(entries)
+        snap = encode_snapshot(snapshot)
+        with self._store.write() as c:
+            repo.write(c, run_id, rows, snap, create)
+
+    def read(self, run_id: str) -> Record | None:
+        """All entries from seq 0 and the snapshot; None if there is no such run."""
+        check_key(run_id, "run id")
+        with self._store.snapshot() as c:
+            head = repo.head(c, run_id)
+            if head is None:
+                return None
+            rows = repo.entries(c, run_id, 0, None)
+        return Record(_decode_entries(rows), decode(head[0]) if head[0] is not None else None)
+
+    def entries(self, run_id: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Entries with seq >= since, at most ``limit``; [] for an unknown run."""
+        check_key(run_id, "run id")
+        _check_count("since", since)
+        _check_count("limit", limit, allow_none=True)
+        with self._store.read() as c:
+            return _decode_entries(repo.entries(c, run_id, since, limit))
+
+    def tail(self, run_id: str, n: int) -> list[dict[str, Any]]:
+        """The last ``n`` entries, in seq order; [] for an unknown run."""
+        check_key(run_id, "run id")
+        _check_count("n", n)
+        with self._store.read() as c:
+            return _decode_entries(repo.tail(c, run_id, n))
+
+    def delete(self, run_id: str) -> None:
+        """Remove the run, its history and snapshot; nothing if absent."""
+        check_key(run_id, "run id")
+        with self._store.write() as c:
+            repo.delete(c, run_id)
+
+    def list(self) -> list[SavedState]:
+        """Every run, most recently updated first (their histories are not read)."""
+        with self._store.read() as c:
+            rows = repo.summaries(c)
+        out = []
+        for run_id, created, updated, *fields in rows:
+            task, turn, stopped_by, finished = (decode(f) if f is not None else None for f in fields)
+            out.append(SavedState.from_snapshot(
+                run_id, {"task": task, "turn": turn, "stopped_by": stopped_by, "finished": finished},
+                created_at=parse_time(created), updated_at=parse_time(updated),
+            ))
+        return out
+
+    def get(self, run_id: str) -> SavedState | None:
+        """One run's summary, or None."""
+        check_key(run_id, "run id")
+        return next((s for s in self.list() if s.id == run_id), None)
+
+    def load(self, run_id: str) -> Record:
+        """The run ready to resume: interrupted tool calls get a synthetic result.
+
+        Every ``{"type": "tool_call", "call_id": X}`` entry with no later
+        ``tool_result`` for X gets ``{"type": "tool_result", "call_id": X,
+        "status": "unknown", "content": ...}`` appended (not saved).
+
+        :raises RunNotFound: no such run.
+        :raises Damaged: the stored run is inconsistent.
+        :raises SchemaTooNew: the run was written by a newer agentstate.
+        """
+        check_key(run_id, "run id")
+        with self._store.snapshot() as c:
+            head = repo.head(c, run_id)
+            if head is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            rows = repo.entries(c, run_id, 0, None)
+        snapshot_text, next_seq, fmt = head
+        if fmt > RUN_FORMAT:
+            raise SchemaTooNew(f"run {run_id!r} has format {fmt}; this agentstate reads {RUN_FORMAT}")
+        entries = self._verify(run_id, rows, next_seq)
+        try:
+            snapshot = decode(snapshot_text) if snapshot_text is not None else None
+        except ValueError as e:
+            raise Damaged(f"run {run_id!r}: the snapshot is not JSON: {e}") from None
+        if snapshot is not None and not isinstance(snapshot, dict):
+            raise Damaged(f"run {run_id!r}: the snapshot is not an object")
+        open_calls: dict[Any, Any] = {}  # insertion-ordered: calls in history order
+        for e in entries:
+            kind, call_id = e.get("type"), e.get("call_id")
+            if call_id is None:
+                continue
+            if kind == "tool_call":
+                open_calls[_hashable(call_id)] = call_id
+            elif kind == "tool_result":
+                open_calls.pop(_hashable(call_id), None)
+        synthetic = [
+            {"type": "tool_result", "call_id": call_id, "status": "unknown", "content": UNKNOWN_RESULT}
+            for call_id in open_calls.values()
+        ]
+        return Record(entries + synthetic, snapshot)
+
+    @staticmethod
+    def _verify(run_id: str, rows: list[tuple[int, str]], next_seq: int) -> list[dict[str, Any]]:
+        entries = []
+        for i, (seq, text) in enumerate(rows):
+            try:
+                e = decode(text)
+            except ValueError as err:
+                raise Damaged(f"run {run_id!r}: entry {seq} is not JSON: {err}") from None
+            if seq != i or not isinstance(e, dict) or e.get("seq") != seq:
+                raise Damaged(f"run {run_id!r}: entry at position {i} has seq {seq} / {e!r:.60}")
+            entries.append(e)
+        if len(entries) != next_seq:
+            raise Damaged(f"run {run_id!r}: {len(entries)} entries stored, {next_seq} recorded")
+        return entries
+
+    def fork(self, run_id: str, new_id: str, *, upto: int | None = None) -> None:
+        """A new run with the entries up to and including seq ``upto`` and the snapshot.
+
+        :raises RunNotFound: no run ``run_id``. :raises RunExists: ``new_id`` exists.
+        """
+        check_key(run_id, "run id")
+        check_key(new_id, "run id")
+        _check_count("upto", upto, allow_none=True)
+        with self._store.write() as c:
+            repo.fork(c, run_id, new_id, upto)
+
+    def export(self, run_id: str, folder: str | os.PathLike[str]) -> Path:
+        """Write the run to ``folder/{run_id}/log.jsonl`` and ``snapshot.json``."""
+        return _runfiles.export_run(self, run_id, folder)
+
+    def import_runs(self, folder: str | os.PathLike[str]) -> list[_runfiles.ImportResult]:
+        """Import every run folder below ``folder``; see ``_runfiles.import_runs``."""
+        return _runfiles.import_runs(self, folder)
+
+    def _next_seq(self, run_id: str) -> int | None:
+        with self._store.read() as c:
+            head = repo.head(c, run_id)
+        return None if head is None else head[1]
+
+    awrite = _aversion(write)
+    aread = _aversion(read)
+    aentries = _aversion(entries)
+    atail = _aversion(tail)
+    adelete = _aversion(delete)
+    alist = _aversion(list)
+    aload = _aversion(load)
+    afork = _aversion(fork)
+
+
+def _hashable(v: Any) -> Any:
+    return (type(v).__name__, v if isinstance(v, (str, int, float, bool)) else repr(v))
