@@ -100,6 +100,7 @@ CREATE TABLE turn (
     decision    TEXT,   -- JSON, set by decide()
     result      TEXT,   -- JSON, set by finish()
     error       TEXT,   -- plain text, set by fail()
+    lease       REAL,   -- seconds a lease lasts; heartbeat() renews by this much
     lease_until REAL,   -- unix time; a queued/running/resuming turn past it is expired
     created_at  TEXT    NOT NULL,
     updated_at  TEXT    NOT NULL,

@@ -5,6 +5,7 @@ One SQLite file in WAL mode; many local processes share it safely.
 
 from ._database import Database, open
 from ._runs import Record, RunStore, SavedState
+from ._sessions import Principal, SessionInfo, Sessions, Turn
 from ._scope import Appended, Scope, State, Versioned
 from ._thread import ThreadStateClient, ThreadStateStore
 from .errors import (
@@ -38,6 +39,10 @@ __all__ = [
     "Damaged",
     "Database",
     "Forbidden",
+    "Principal",
+    "SessionInfo",
+    "Sessions",
+    "Turn",
     "Record",
     "RunStore",
     "SavedState",

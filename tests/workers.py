@@ -47,3 +47,35 @@ def history_writer(path: str, who: int, n: int, start, results) -> None:
             except Exception:
                 other += 1
     results.put((who, won, other))
+
+
+def turn_racer(path: str, session_id: str, rounds: int, barrier, results) -> None:
+    """Race the other processes to start a turn, round after round."""
+    alice = agentstate.Principal("alice")
+    with agentstate.open(path) as db:
+        for r in range(rounds):
+            barrier.wait()
+            turn = None
+            try:
+                turn = db.sessions.start_turn(session_id, alice)
+                results.put((r, "won", turn.id))
+            except agentstate.SessionBusy as e:
+                results.put((r, "busy", e.turn_id))
+            except Exception as e:  # reported to the test
+                results.put((r, "error", repr(e)))
+            barrier.wait()
+            if turn is not None:
+                turn.finish()
+            barrier.wait()
+
+
+def hold_turn_forever(path: str, session_id: str, ready) -> None:
+    """Start a turn with a short lease and heartbeat until killed."""
+    import time
+
+    with agentstate.open(path) as db:
+        turn = db.sessions.start_turn(session_id, agentstate.Principal("alice"), lease=1.5)
+        ready.put(turn.id)
+        while True:
+            time.sleep(0.2)
+            turn.heartbeat()

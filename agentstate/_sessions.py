@@ -1,0 +1,277 @@
+"""Sessions and turns (SPEC §4): owners, admins, one turn at a time, leases."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic.dataclasses import dataclass
+
+from . import _sessions_repo as repo
+from ._encoding import check_key, decode, encode
+from ._runs import parse_time
+from ._scope import Scope
+from .errors import Forbidden, InvalidTransition, InvalidValue, NotFound
+
+if TYPE_CHECKING:
+    from ._connection import Store
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """Who acts: a name (key rules of SPEC §2) and whether it is an admin.
+
+    A plain dataclass: a bad name must raise InvalidKey, not a pydantic error.
+    """
+
+    name: str
+    admin: bool = False
+
+    def __post_init__(self) -> None:
+        check_key(self.name, "principal name")
+        if type(self.admin) is not bool:
+            raise InvalidValue(f"admin must be True or False, got {self.admin!r}")
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session: ``owner`` is the creating principal's name."""
+
+    id: str
+    owner: str
+    created_at: datetime
+    metadata: dict[str, Any]
+
+
+def _principal(p: Any) -> Principal:
+    if not isinstance(p, Principal):
+        raise InvalidValue(f"expected an agentstate.Principal, got {type(p).__name__}")
+    return p
+
+
+def _json_or_none(v: Any) -> str | None:
+    return None if v is None else encode(v)[0]
+
+
+def _lease(lease: Any) -> float:
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < 1e9:
+        raise InvalidValue(f"lease must be a positive number of seconds, got {lease!r}")
+    return float(lease)
+
+
+def _info(row: tuple[Any, ...]) -> SessionInfo:
+    return SessionInfo(row[0], row[1], parse_time(row[2]), decode(row[3]))
+
+
+class Turn:
+    """One turn of a session. Its methods move it along the diagram of SPEC §4."""
+
+    def __init__(self, sessions: Sessions, principal: Principal, row: tuple[Any, ...]) -> None:
+        self._sessions = sessions
+        self._principal = principal
+        self._load(row)
+
+    def _load(self, row: tuple[Any, ...]) -> None:
+        (self.id, self.session_id, self.n, status, input_, request, decision, result,
+         self.error, self.lease_until, created, updated, self.lease) = row
+        self.status = repo.effective_status(status, self.lease_until)
+        self.input = None if input_ is None else decode(input_)
+        self.request = None if request is None else decode(request)
+        self.decision = None if decision is None else decode(decision)
+        self.result = None if result is None else decode(result)
+        self.created_at, self.updated_at = parse_time(created), parse_time(updated)
+
+    def __repr__(self) -> str:
+        return f"<Turn {self.id} of {self.session_id}: {self.status}>"
+
+    def _move(self, from_states: tuple[str, ...], to: str, what: str,
+              lease: float | None = None, **sets: Any) -> Turn:
+        row = self._sessions._move(self.id, self._principal, from_states, to, what, lease, sets)
+        self._load(row)
+        return self
+
+    def refresh(self) -> Turn:
+        """Re-read the turn from the database."""
+        self._load(self._sessions._turn_row(self.id, self._principal))
+        return self
+
+    def start(self, lease: float = 60.0) -> Turn:
+        """queued -> running, with a new lease."""
+        return self._move(("queued",), "running", "start", _lease(lease))
+
+    def heartbeat(self, lease: float | None = None) -> Turn:
+        """Renew the lease of a running (or resuming) turn; by its last length if None."""
+        lease = _lease(self.lease or 60.0 if lease is None else lease)
+        return self._move(("running", "resuming"), "__same__", "heartbeat", lease)
+
+    def hold(self, request: Any = None) -> Turn:
+        """running -> held: waits for a decision and no longer blocks the session."""
+        return self._move(("running",), "held", "hold", None, request=_json_or_none(request))
+
+    def finish(self, result: Any = None) -> Turn:
+        """running or resuming -> finished."""
+        return self._move(("running", "resuming"), "finished", "finish", None,
+                          result=_json_or_none(result))
+
+    def fail(self, error: Any) -> Turn:
+        """running or resuming -> failed, with the error's text."""
+        return self._move(("running", "resuming"), "failed", "fail", None, error=str(error))
+
+
+class Sessions:
+    """``db.sessions``: sessions owned by principals, and their turns."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    # -- sessions ------------------------------------------------------------
+
+    def create(self, principal: Principal, *, metadata: dict[str, Any] | None = None) -> SessionInfo:
+        """A new session owned by ``principal``."""
+        p = _principal(principal)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidValue("metadata must be a dict")
+        meta = encode(metadata or {})[0]
+        with self._store.write() as c:
+            return _info(repo.create(c, f"s-{uuid.uuid4().hex}", p.name, meta))
+
+    def get(self, session_id: str, principal: Principal) -> SessionInfo:
+        """:raises NotFound: unknown, or not this principal's (unless admin)."""
+        p = self._check(session_id, principal)
+        with self._store.read() as c:
+            return _info(repo.session_row(c, session_id, p.name, p.admin))
+
+    def list(self, principal: Principal) -> list[SessionInfo]:
+        """The principal's own sessions (all of them for an admin), newest first."""
+        p = _principal(principal)
+        with self._store.read() as c:
+            return [_info(r) for r in repo.sessions(c, p.name, p.admin)]
+
+    def delete(self, session_id: str, principal: Principal) -> None:
+        """Remove the session, its turns and its session-scope state, in one transaction."""
+        p = self._check(session_id, principal)
+        with self._store.write() as c:
+            repo.session_row(c, session_id, p.name, p.admin)
+            repo.delete(c, session_id)
+
+    def state(self, session_id: str, principal: Principal) -> Scope:
+        """The scope ``session:{id}``, after the access check."""
+        self.get(session_id, principal)
+        return Scope(self._store, "session", session_id)
+
+    # -- turns ---------------------------------------------------------------
+
+    def start_turn(self, session_id: str, principal: Principal, *, input: Any = None,
+                   lease: float = 60.0, queued: bool = False) -> Turn:
+        """A new running (or queued) turn.
+
+        :raises SessionBusy: another turn of the session is queued or running.
+        :raises NotFound: no such session for this principal.
+        """
+        p = self._check(session_id, principal)
+        data = _json_or_none(input)
+        lease = _lease(lease)
+        with self._store.write() as c:
+            repo.session_row(c, session_id, p.name, p.admin)
+            row = repo.start(c, f"t-{uuid.uuid4().hex}", session_id,
+                             "queued" if queued else "running", data, lease)
+        return Turn(self, p, row)
+
+    @contextmanager
+    def turn(self, session_id: str, principal: Principal, *, input: Any = None,
+             lease: float = 60.0) -> Iterator[Turn]:
+        """A running turn: finished on normal exit, failed on an exception (which propagates)."""
+        t = self.start_turn(session_id, principal, input=input, lease=lease)
+        try:
+            yield t
+        except BaseException as e:
+            if t.refresh().status in ("running", "resuming"):
+                t.fail(f"{type(e).__name__}: {e}")
+            raise
+        if t.refresh().status in ("running", "resuming"):
+            t.finish()
+
+    def get_turn(self, turn_id: str, principal: Principal) -> Turn:
+        p = _principal(principal)
+        return Turn(self, p, self._turn_row(turn_id, p))
+
+    def turns(self, session_id: str, principal: Principal) -> list[Turn]:
+        """The session's turns, newest first."""
+        p = self._check(session_id, principal)
+        with self._store.snapshot() as c:
+            repo.session_row(c, session_id, p.name, p.admin)
+            rows = repo.turns(c, session_id)
+        return [Turn(self, p, r) for r in rows]
+
+    def decide(self, turn_id: str, principal: Principal, decision: Any) -> Turn:
+        """held -> decided, recording the decision."""
+        p = _principal(principal)
+        row = self._move(turn_id, p, ("held",), "decided", "decide", None,
+                         {"decision": _json_or_none(decision)})
+        return Turn(self, p, row)
+
+    def resume(self, turn_id: str, principal: Principal, *, lease: float = 60.0) -> Turn:
+        """decided -> resuming; allowed while a newer turn runs."""
+        p = _principal(principal)
+        return Turn(self, p, self._move(turn_id, p, ("decided",), "resuming", "resume",
+                                        _lease(lease), {}))
+
+    def release(self, session_id: str, principal: Principal) -> Turn:
+        """Admins only: end the session's active (queued or running) turn as failed.
+
+        :raises Forbidden: not an admin. :raises InvalidTransition: no active turn.
+        """
+        p = self._check(session_id, principal)
+        if not p.admin:
+            with self._store.read() as c:
+                repo.session_row(c, session_id, p.name, p.admin)  # others: NotFound first
+            raise Forbidden(f"only an admin may release a session's turn ({p.name} is not one)")
+        with self._store.write() as c:
+            repo.session_row(c, session_id, p.name, p.admin)
+            active = repo.active_turn(c, session_id)
+            if active is None:
+                raise InvalidTransition(f"session {session_id!r} has no active turn to release")
+            row = repo.move(c, active[0], ("queued", "running"), "failed",
+                            {"error": f"released by {p.name}"}, None, "release")
+        return Turn(self, p, row)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check(self, session_id: Any, principal: Any) -> Principal:
+        p = _principal(principal)
+        if type(session_id) is not str:
+            raise NotFound(f"no session {session_id!r}")
+        return p
+
+    def _turn_row(self, turn_id: Any, p: Principal) -> tuple[Any, ...]:
+        if type(turn_id) is not str:
+            raise NotFound(f"no turn {turn_id!r}")
+        with self._store.snapshot() as c:
+            row = repo.turn_row(c, turn_id)
+            if row is None:
+                raise NotFound(f"no turn {turn_id!r}")
+            try:
+                repo.session_row(c, row[1], p.name, p.admin)
+            except NotFound:
+                raise NotFound(f"no turn {turn_id!r}") from None
+        return row
+
+    def _move(self, turn_id: str, p: Principal, from_states: tuple[str, ...], to: str,
+              what: str, lease: float | None, sets: dict[str, Any]) -> tuple[Any, ...]:
+        if type(turn_id) is not str:
+            raise NotFound(f"no turn {turn_id!r}")
+        with self._store.write() as c:
+            row = repo.turn_row(c, turn_id)
+            if row is None:
+                raise NotFound(f"no turn {turn_id!r}")
+            try:
+                repo.session_row(c, row[1], p.name, p.admin)
+            except NotFound:
+                raise NotFound(f"no turn {turn_id!r}") from None
+            if to == "__same__":
+                to = row[3]
+            return repo.move(c, turn_id, from_states, to, sets, lease, what)

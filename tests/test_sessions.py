@@ -1,0 +1,340 @@
+"""Sessions and turns (SPEC §4): ownership, one turn at a time, leases, the diagram."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import apsw
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import agentstate
+from agentstate import (Forbidden, InvalidKey, InvalidTransition, NotFound, Principal,
+                        SessionBusy)
+
+from . import workers
+from .conftest import file_digest
+
+ALICE, BOB, ADMIN = Principal("alice"), Principal("bob"), Principal("ops", admin=True)
+
+
+def test_create_get_list(db):
+    s = db.sessions.create(ALICE, metadata={"channel": "web"})
+    assert s.owner == "alice" and s.metadata == {"channel": "web"}
+    assert s.created_at.tzinfo is not None
+    assert db.sessions.get(s.id, ALICE) == s
+    assert db.sessions.get(s.id, ADMIN) == s
+    b = db.sessions.create(BOB)
+    assert [x.id for x in db.sessions.list(ALICE)] == [s.id]
+    assert [x.id for x in db.sessions.list(BOB)] == [b.id]
+    assert {x.id for x in db.sessions.list(ADMIN)} == {s.id, b.id}
+
+
+def test_principal_names_follow_key_rules():
+    for bad in ("", "a b", "x" * 201, "é", 3):
+        with pytest.raises(InvalidKey):
+            Principal(bad)
+    assert Principal("a:b.c-d_e").admin is False
+
+
+def test_someone_elses_session_does_not_exist(db):
+    """Every method answers NotFound for another's session, exactly as for an unknown id."""
+    s = db.sessions.create(ALICE)
+    t = db.sessions.start_turn(s.id, ALICE)
+    t.hold({"q": 1})
+    calls = {
+        "get": lambda sid, tid: db.sessions.get(sid, BOB),
+        "state": lambda sid, tid: db.sessions.state(sid, BOB),
+        "turns": lambda sid, tid: db.sessions.turns(sid, BOB),
+        "start_turn": lambda sid, tid: db.sessions.start_turn(sid, BOB),
+        "delete": lambda sid, tid: db.sessions.delete(sid, BOB),
+        "release": lambda sid, tid: db.sessions.release(sid, BOB),
+        "get_turn": lambda sid, tid: db.sessions.get_turn(tid, BOB),
+        "decide": lambda sid, tid: db.sessions.decide(tid, BOB, "yes"),
+        "resume": lambda sid, tid: db.sessions.resume(tid, BOB),
+    }
+    for name, call in calls.items():
+        with pytest.raises(NotFound) as other:
+            call(s.id, t.id)
+        with pytest.raises(NotFound) as unknown:
+            call("s-unknown", "t-unknown")
+        assert type(other.value) is type(unknown.value), name
+        assert str(other.value).replace(s.id, "X").replace(t.id, "X") == \
+            str(unknown.value).replace("s-unknown", "X").replace("t-unknown", "X"), name
+    assert db.sessions.get_turn(t.id, ALICE).status == "held"
+
+
+def test_admin_uses_every_session(db):
+    s = db.sessions.create(ALICE)
+    with db.sessions.turn(s.id, ADMIN, input="from admin") as t:
+        db.sessions.state(s.id, ADMIN).put("k", 1)
+    assert db.sessions.get_turn(t.id, ALICE).status == "finished"
+    assert db.sessions.state(s.id, ALICE).get("k") == 1
+
+
+def test_one_turn_at_a_time_and_held_or_resuming_do_not_block(db):
+    s = db.sessions.create(ALICE)
+    t1 = db.sessions.start_turn(s.id, ALICE, input={"m": 1})
+    with pytest.raises(SessionBusy) as e:
+        db.sessions.start_turn(s.id, ALICE)
+    assert e.value.turn_id == t1.id and e.value.code == "session_busy"
+    t1.hold({"approve?": True})
+    t2 = db.sessions.start_turn(s.id, ALICE, queued=True)
+    assert t2.status == "queued"
+    with pytest.raises(SessionBusy) as e:
+        db.sessions.start_turn(s.id, ALICE)
+    assert e.value.turn_id == t2.id
+    t2.start()
+    decided = db.sessions.decide(t1.id, ALICE, {"ok": True})
+    assert decided.status == "decided" and decided.decision == {"ok": True}
+    resumed = db.sessions.resume(t1.id, ALICE)  # while t2 runs
+    assert resumed.status == "resuming"
+    t2.finish({"done": 2})
+    t3 = db.sessions.start_turn(s.id, ALICE)  # a resuming turn does not block
+    resumed.finish("r1")
+    t3.fail(RuntimeError("boom"))
+    got = {t.id: t for t in db.sessions.turns(s.id, ALICE)}
+    assert [t.n for t in db.sessions.turns(s.id, ALICE)] == [3, 2, 1]
+    assert got[t1.id].status == "finished" and got[t1.id].result == "r1"
+    assert got[t1.id].request == {"approve?": True} and got[t1.id].input == {"m": 1}
+    assert got[t2.id].result == {"done": 2}
+    assert got[t3.id].status == "failed" and "boom" in got[t3.id].error
+
+
+@pytest.mark.parametrize("setup,move", [
+    ("held", lambda t, db: t.finish()),
+    ("held", lambda t, db: t.hold()),
+    ("held", lambda t, db: db.sessions.resume(t.id, ALICE)),
+    ("running", lambda t, db: db.sessions.decide(t.id, ALICE, "x")),
+    ("running", lambda t, db: db.sessions.resume(t.id, ALICE)),
+    ("running", lambda t, db: t.start()),
+    ("finished", lambda t, db: t.fail("x")),
+    ("finished", lambda t, db: t.finish()),
+    ("finished", lambda t, db: t.heartbeat()),
+    ("finished", lambda t, db: db.sessions.decide(t.id, ALICE, "x")),
+    ("decided", lambda t, db: db.sessions.decide(t.id, ALICE, "again")),
+    ("decided", lambda t, db: t.finish()),
+    ("queued", lambda t, db: t.finish()),
+    ("queued", lambda t, db: t.hold()),
+])
+def test_moves_outside_the_diagram_change_nothing(db, db_path, setup, move):
+    s = db.sessions.create(ALICE)
+    t = db.sessions.start_turn(s.id, ALICE, queued=setup == "queued")
+    if setup in ("held", "decided"):
+        t.hold()
+    if setup == "decided":
+        db.sessions.decide(t.id, ALICE, "d")
+    if setup == "finished":
+        t.finish()
+    before = file_digest(db_path)
+    with pytest.raises(InvalidTransition):
+        move(t, db)
+    assert file_digest(db_path) == before
+    assert db.sessions.get_turn(t.id, ALICE).status == setup
+
+
+def test_turn_context_manager(db):
+    s = db.sessions.create(ALICE)
+    with db.sessions.turn(s.id, ALICE, input={"m": "hi"}) as t:
+        assert t.status == "running"
+    assert db.sessions.get_turn(t.id, ALICE).status == "finished"
+    with pytest.raises(KeyError):
+        with db.sessions.turn(s.id, ALICE) as t2:
+            raise KeyError("lost")
+    got = db.sessions.get_turn(t2.id, ALICE)
+    assert got.status == "failed" and "lost" in got.error
+    with db.sessions.turn(s.id, ALICE) as t3:
+        t3.hold("wait")
+    assert db.sessions.get_turn(t3.id, ALICE).status == "held"
+
+
+def test_lapsed_lease_frees_the_session_and_reads_expired(db):
+    s = db.sessions.create(ALICE)
+    t = db.sessions.start_turn(s.id, ALICE, lease=0.2)
+    with pytest.raises(SessionBusy):
+        db.sessions.start_turn(s.id, ALICE)
+    t.heartbeat(0.3)
+    time.sleep(0.35)
+    assert db.sessions.get_turn(t.id, ALICE).status == "expired"
+    t2 = db.sessions.start_turn(s.id, ALICE)
+    with pytest.raises(InvalidTransition):
+        t.finish()
+    with pytest.raises(InvalidTransition):
+        t.heartbeat()
+    t2.finish()
+    assert db.sessions.get_turn(t.id, ALICE).status == "expired"
+
+
+def test_release_is_for_admins(db):
+    s = db.sessions.create(ALICE)
+    t = db.sessions.start_turn(s.id, ALICE)
+    with pytest.raises(Forbidden):
+        db.sessions.release(s.id, ALICE)
+    released = db.sessions.release(s.id, ADMIN)
+    assert released.id == t.id and released.status == "failed"
+    assert "released" in db.sessions.get_turn(t.id, ALICE).error
+    with pytest.raises(InvalidTransition):
+        db.sessions.release(s.id, ADMIN)
+    db.sessions.start_turn(s.id, ALICE)
+
+
+def test_delete_removes_session_turns_and_state(db):
+    s = db.sessions.create(ALICE)
+    other = db.sessions.create(ALICE)
+    t = db.sessions.start_turn(s.id, ALICE)
+    db.sessions.state(s.id, ALICE).append("history", [1, 2])
+    db.sessions.state(other.id, ALICE).put("keep", 1)
+    db.sessions.delete(s.id, ALICE)
+    with pytest.raises(NotFound):
+        db.sessions.get(s.id, ALICE)
+    with pytest.raises(NotFound):
+        db.sessions.get_turn(t.id, ALICE)
+    assert db.scope("session", s.id).list() == []
+    assert db._store.query("SELECT count(*) FROM list_item")[0][0] == 0
+    assert db._store.query("SELECT count(*) FROM turn")[0][0] == 0
+    assert db.scope("session", other.id).get("keep") == 1
+
+
+def test_database_enforces_one_active_turn_for_any_writer(db, db_path):
+    s = db.sessions.create(ALICE)
+    t = db.sessions.start_turn(s.id, ALICE)
+    c = apsw.Connection(db_path)
+    with pytest.raises(apsw.ConstraintError):
+        c.execute("INSERT INTO turn (id, session_id, n, status, created_at, updated_at) "
+                  "VALUES ('x', ?, 99, 'running', '', '')", (s.id,))
+    c.close()
+    t.finish()
+
+
+def test_eight_processes_race_start_turn(db_path):
+    """8 processes x 15 rounds: exactly one wins each round; the rest are told its turn id."""
+    with agentstate.open(db_path) as db:
+        sid = db.sessions.create(ALICE).id
+    ctx = mp.get_context("spawn")
+    rounds, n = 15, 8
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=workers.turn_racer, args=(db_path, sid, rounds, barrier, results))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=300) for _ in range(rounds * n)]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * n
+    for r in range(rounds):
+        this = [x for x in got if x[0] == r]
+        winners = [x[2] for x in this if x[1] == "won"]
+        assert len(winners) == 1, this
+        assert all(x[1] == "busy" and x[2] == winners[0] for x in this if x[1] != "won"), this
+
+
+def test_killed_process_turn_expires_and_frees_the_session(db_path):
+    """SIGKILL a process mid-turn: once its lease lapses another process starts a turn."""
+    with agentstate.open(db_path) as db:
+        sid = db.sessions.create(ALICE).id
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    p = ctx.Process(target=workers.hold_turn_forever, args=(db_path, sid, ready))
+    p.start()
+    dead_turn = ready.get(timeout=120)
+    time.sleep(0.5)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(30)
+    with agentstate.open(db_path) as db:
+        with pytest.raises(SessionBusy) as e:
+            db.sessions.start_turn(sid, ALICE)
+        assert e.value.turn_id == dead_turn
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                t = db.sessions.start_turn(sid, ALICE)
+                break
+            except SessionBusy:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert db.sessions.get_turn(dead_turn, ALICE).status == "expired"
+        t.finish()
+        assert db._store.conn().execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+class TurnModel(RuleBasedStateMachine):
+    """start/hold/decide/resume/finish/fail/expire against a model of the diagram."""
+
+    NEXT = {
+        "start": {"queued": "running"},
+        "hold": {"running": "held"},
+        "decide": {"held": "decided"},
+        "resume": {"decided": "resuming"},
+        "finish": {"running": "finished", "resuming": "finished"},
+        "fail": {"running": "failed", "resuming": "failed"},
+        "expire": {"queued": "expired", "running": "expired", "resuming": "expired"},
+    }
+
+    @initialize()
+    def setup(self):
+        import tempfile
+
+        self.path = os.path.join(tempfile.mkdtemp(), "t.db")
+        self.db = agentstate.open(self.path)
+        self.sid = self.db.sessions.create(ALICE).id
+        self.turns: dict[str, tuple[agentstate.Turn, str]] = {}
+
+    def active(self):
+        return [tid for tid, (_, st_) in self.turns.items() if st_ in ("queued", "running")]
+
+    @rule(queued=st.booleans())
+    def start_turn(self, queued):
+        act = self.active()
+        if act:
+            with pytest.raises(SessionBusy) as e:
+                self.db.sessions.start_turn(self.sid, ALICE, queued=queued)
+            assert e.value.turn_id == act[0]
+        else:
+            t = self.db.sessions.start_turn(self.sid, ALICE, queued=queued)
+            self.turns[t.id] = (t, "queued" if queued else "running")
+
+    @precondition(lambda self: self.turns)
+    @rule(data=st.data(), action=st.sampled_from(sorted(NEXT)))
+    def act(self, data, action):
+        order = list(self.turns)  # creation order: ids are random, positions are not
+        tid = order[data.draw(st.integers(0, len(order) - 1))]
+        t, state = self.turns[tid]
+        want = self.NEXT[action].get(state)
+        calls = {
+            "start": t.start, "hold": lambda: t.hold("r"), "finish": lambda: t.finish("ok"),
+            "fail": lambda: t.fail("e"),
+            "decide": lambda: self.db.sessions.decide(tid, ALICE, "d"),
+            "resume": lambda: self.db.sessions.resume(tid, ALICE),
+        }
+        if action == "expire":
+            if want:
+                c = self.db._store.conn()
+                c.execute("UPDATE turn SET lease_until = 0 WHERE id = ?", (tid,))
+                self.turns[tid] = (t, want)
+            return
+        if want is None:
+            with pytest.raises(InvalidTransition):
+                calls[action]()
+        else:
+            calls[action]()
+            self.turns[tid] = (t, want)
+
+    @invariant()
+    def matches(self):
+        if not hasattr(self, "db"):
+            return
+        got = {t.id: t.status for t in self.db.sessions.turns(self.sid, ALICE)}
+        assert got == {tid: s for tid, (_, s) in self.turns.items()}
+
+    def teardown(self):
+        if hasattr(self, "db"):
+            self.db.close()
+
+
+TurnModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+test_turn_model = TurnModel.TestCase
