@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import _admin
 from ._connection import Store, default_path
 from ._scope import Scope, State
 from .errors import Closed, InvalidValue
@@ -85,6 +86,30 @@ class Database:
 
             self._sessions = Sessions(self._store)
         return self._sessions
+
+    def check(self) -> list[str]:
+        """SQLite's integrity check plus the store's own invariants.
+
+        Returns each problem as "location: what (invariant)"; [] when all hold.
+        """
+        return _admin.check(self._store)
+
+    def info(self) -> dict[str, Any]:
+        """Path, file and WAL sizes, schema version, durability and row counts."""
+        return _admin.info(self._store)
+
+    def backup(self, dest: str | os.PathLike[str],
+               progress: Callable[[int, int], None] | None = None) -> str:
+        """An online, consistent copy to the new owner-only file ``dest``.
+
+        ``progress(done_pages, total_pages)`` is called after each step.
+        """
+        self._check_open()
+        return _admin.backup(self._store, os.fspath(dest), progress)
+
+    def vacuum(self) -> dict[str, int]:
+        """Checkpoint the WAL and rebuild the file; returns its size before and after."""
+        return _admin.vacuum(self._store)
 
     def close(self) -> None:
         """Close every connection; idempotent. Any later call raises Closed."""

@@ -1,11 +1,16 @@
-"""The ``agentstate`` command, built on the public objects only."""
+"""The ``agentstate`` command, built on the public objects only.
+
+Refused operations print one line ``Error: <code>: <what>`` on stderr and exit
+1; bad usage exits 2 with click's usage text; no traceback reaches the user.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
 
 import click
 
@@ -13,19 +18,85 @@ import agentstate
 
 from . import _demo
 
+ADMIN = agentstate.Principal("agentstate-cli", admin=True)
+
+
+def fail(code: str, message: str) -> NoReturn:
+    raise click.ClickException(f"{code}: {' '.join(str(message).split())}")
+
+
+class Group(click.Group):
+    """Turns every error of the library (or the file system) into one line and exit 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except agentstate.AgentStateError as e:
+            fail(e.code, str(e))
+        except json.JSONDecodeError as e:
+            fail("invalid_value", f"stored bytes are not JSON: {e}")
+        except OSError as e:
+            fail("storage_error", f"{e.filename or ''}: {e.strerror or e}")
+
 
 class Ctx:
     def __init__(self, db_path: str | None, as_json: bool) -> None:
         self.db_path = db_path or os.environ.get("AGENTSTATE_DB") or "agentstate.db"
         self.as_json = as_json
+        self.db: agentstate.Database | None = None
 
-    def out(self, data: Any, human: str) -> None:
-        click.echo(json.dumps(data, ensure_ascii=False, default=str) if self.as_json else human)
+    def open(self, create: bool = False) -> agentstate.Database:
+        if not create and not os.path.exists(self.db_path):
+            fail("not_found", f"no database at {self.db_path} (agentstate init creates one)")
+        if os.path.isdir(self.db_path):
+            fail("storage_error", f"{self.db_path} is a directory, not a database file")
+        self.db = agentstate.open(self.db_path)
+        click.get_current_context().call_on_close(self.db.close)
+        return self.db
+
+    def out(self, data: Any, human: str | None = None) -> None:
+        if self.as_json:
+            click.echo(json.dumps(data, ensure_ascii=False, default=str))
+        elif human is not None:
+            click.echo(human)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Rows aligned in columns under their headers."""
+    cells = [list(headers)] + [["" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells
+    )
+
+
+def show(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+def parse_scope(text: str) -> tuple[str, str]:
+    kind, sep, sid = text.partition(":")
+    if not sep:
+        fail("invalid_key", f"a scope is written KIND:ID (e.g. session:s-42), got {text!r}")
+    return kind, sid
+
+
+def parse_json(text: str, what: str) -> Any:
+    if text == "-":
+        text = click.get_text_stream("stdin").read()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        fail("invalid_value", f"{what} is not JSON: {e}")
+
+
+pass_obj = click.pass_obj
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(agentstate.__version__, prog_name="agentstate")
-@click.option("--db", "db_path", metavar="PATH", help="Database file [default: $AGENTSTATE_DB or ./agentstate.db].")
+@click.option("--db", "db_path", metavar="PATH",
+              help="Database file [default: $AGENTSTATE_DB, else ./agentstate.db].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
 def cli(ctx: click.Context, db_path: str | None, as_json: bool) -> None:
@@ -33,14 +104,274 @@ def cli(ctx: click.Context, db_path: str | None, as_json: bool) -> None:
     ctx.obj = Ctx(db_path, as_json)
 
 
+# -- the file ---------------------------------------------------------------
+
 @cli.command()
-@click.pass_obj
+@pass_obj
+def init(obj: Ctx) -> None:
+    """Create the database (owner-only) if it does not exist."""
+    db = obj.open(create=True)
+    obj.out({"path": db.path}, f"database ready: {db.path}")
+
+
+@cli.command()
+@pass_obj
+def info(obj: Ctx) -> None:
+    """Path, sizes, schema version, durability and counts."""
+    i = obj.open().info()
+    rows = [("path", i["path"]), ("size", f"{i['size_bytes']:,} bytes"),
+            ("wal", f"{i['wal_bytes']:,} bytes"), ("schema version", i["schema_version"]),
+            ("durability", i["durability"])]
+    rows += [(k.replace("_", " "), f"{v:,}") for k, v in i["counts"].items()]
+    obj.out(i, table(("", ""), rows).split("\n", 1)[1])
+
+
+@cli.command()
+@pass_obj
+def check(obj: Ctx) -> None:
+    """Integrity check plus the store's own invariants; exit 1 on a problem."""
+    problems = obj.open().check()
+    obj.out({"ok": not problems, "problems": problems},
+            "\n".join(problems) if problems else "ok: integrity and invariants hold")
+    if problems:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("dest", type=click.Path(dir_okay=False))
+@pass_obj
+def backup(obj: Ctx, dest: str) -> None:
+    """Copy the database to DEST (a new owner-only file), online, while others write."""
+    db = obj.open()
+    if sys.stderr.isatty() and not obj.as_json:
+        with click.progressbar(length=1, label="backup", file=sys.stderr) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.length = max(total, 1)
+                bar.update(done - bar.pos)
+            out = db.backup(dest, progress)
+    else:
+        out = db.backup(dest)
+    obj.out({"path": out}, f"backed up to {out}")
+
+
+@cli.command()
+@pass_obj
+def vacuum(obj: Ctx) -> None:
+    """Checkpoint the WAL and rebuild the file to its smallest size."""
+    r = obj.open().vacuum()
+    obj.out(r, f"vacuumed: {r['size_before']:,} -> {r['size_after']:,} bytes")
+
+
+# -- keys -------------------------------------------------------------------
+
+@cli.command()
+@click.argument("scope")
+@click.argument("key")
+@pass_obj
+def get(obj: Ctx, scope: str, key: str) -> None:
+    """Print the value of KEY in SCOPE (KIND:ID)."""
+    s = obj.open().scope(*parse_scope(scope))
+    value, version = s.get_versioned(key)
+    if version == 0:
+        fail("not_found", f"no key {key!r} in {scope}")
+    obj.out({"key": key, "value": value, "version": version},
+            f"{show(value)}\n(version {version})")
+
+
+@cli.command()
+@click.argument("scope")
+@click.argument("key")
+@click.argument("value")
+@click.option("--if-version", type=click.IntRange(min=0), help="Write only if the version is this (0: absent).")
+@pass_obj
+def put(obj: Ctx, scope: str, key: str, value: str, if_version: int | None) -> None:
+    """Set KEY in SCOPE to the JSON VALUE (- reads it from stdin)."""
+    kind, sid = parse_scope(scope)
+    v = parse_json(value, "VALUE")
+    version = obj.open(create=True).scope(kind, sid).put(key, v, if_version=if_version)
+    obj.out({"version": version}, f"version {version}")
+
+
+@cli.command()
+@click.argument("scope")
+@click.argument("key")
+@click.argument("items")
+@pass_obj
+def append(obj: Ctx, scope: str, key: str, items: str) -> None:
+    """Append the JSON list ITEMS (- reads it from stdin) to the list KEY."""
+    kind, sid = parse_scope(scope)
+    v = parse_json(items, "ITEMS")
+    if not isinstance(v, list):
+        fail("invalid_value", "ITEMS must be a JSON list, e.g. '[1, 2]'")
+    r = obj.open(create=True).scope(kind, sid).append(key, v)
+    obj.out({"length": r.length, "version": r.version}, f"length {r.length}, version {r.version}")
+
+
+@cli.command()
+@click.argument("scope")
+@click.argument("key")
+@click.option("--if-version", type=click.IntRange(min=0), help="Delete only if the version is this.")
+@pass_obj
+def delete(obj: Ctx, scope: str, key: str, if_version: int | None) -> None:
+    """Delete KEY from SCOPE."""
+    s = obj.open().scope(*parse_scope(scope))
+    deleted = s.delete(key, if_version=if_version)
+    obj.out({"deleted": deleted}, "deleted" if deleted else f"no key {key!r} in {scope}")
+
+
+@cli.command()
+@click.argument("scope")
+@click.option("--prefix", default="", help="Only keys starting with this (literally).")
+@pass_obj
+def keys(obj: Ctx, scope: str, prefix: str) -> None:
+    """List the keys of SCOPE."""
+    ks = obj.open().scope(*parse_scope(scope)).list(prefix)
+    obj.out(ks, "\n".join(ks))
+
+
+# -- runs -------------------------------------------------------------------
+
+@cli.group()
+def runs() -> None:
+    """Agent runs: history entries and snapshots."""
+
+
+@runs.command("list")
+@pass_obj
+def runs_list(obj: Ctx) -> None:
+    """Every run, most recently updated first."""
+    rs = obj.open().runs.list()
+    data = [{"id": r.id, "task": r.task, "turn": r.turn, "stopped_by": r.stopped_by,
+             "finished": r.finished, "created_at": r.created_at.isoformat(),
+             "updated_at": r.updated_at.isoformat()} for r in rs]
+    obj.out(data, table(("ID", "TASK", "TURN", "FINISHED", "UPDATED"),
+                        [(r.id, r.task[:40], r.turn, "yes" if r.finished else "no",
+                          r.updated_at.strftime("%Y-%m-%d %H:%M:%S")) for r in rs]))
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--tail", "n", type=click.IntRange(min=0), help="Only the last N entries.")
+@pass_obj
+def runs_show(obj: Ctx, run_id: str, n: int | None) -> None:
+    """A run's snapshot and entries."""
+    db = obj.open()
+    rec = db.runs.read(run_id)
+    if rec is None:
+        fail("not_found", f"no run {run_id!r}")
+    entries = rec.entries if n is None else db.runs.tail(run_id, n)
+    obj.out({"id": run_id, "snapshot": rec.snapshot, "entries": entries},
+            "\n".join([f"run {run_id}: {len(rec.entries)} entries",
+                       f"snapshot: {show(rec.snapshot)}"] + [show(e) for e in entries]))
+
+
+@runs.command("delete")
+@click.argument("run_id")
+@pass_obj
+def runs_delete(obj: Ctx, run_id: str) -> None:
+    """Remove a run."""
+    obj.open().runs.delete(run_id)
+    obj.out({"deleted": run_id}, f"deleted run {run_id}")
+
+
+@runs.command("export")
+@click.argument("run_id")
+@click.argument("folder", type=click.Path(file_okay=False))
+@pass_obj
+def runs_export(obj: Ctx, run_id: str, folder: str) -> None:
+    """Write FOLDER/RUN_ID/log.jsonl and snapshot.json."""
+    out = obj.open().runs.export(run_id, folder)
+    obj.out({"path": str(out)}, f"exported to {out}")
+
+
+@runs.command("import")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@pass_obj
+def runs_import(obj: Ctx, folder: str) -> None:
+    """Import every FOLDER/ID/ (log.jsonl, snapshot.json); entries already stored are skipped."""
+    results = obj.open(create=True).runs.import_runs(folder)
+    obj.out([r._asdict() for r in results], "\n".join(
+        f"{r.run_id}: error: {r.error}" if r.error else f"{r.run_id}: +{r.added} entries"
+        for r in results) or "no run folders found")
+    failed = [r for r in results if r.error]
+    if failed:
+        fail("invalid_value", f"{len(failed)} of {len(results)} runs not imported: {failed[0].error}")
+
+
+# -- sessions ---------------------------------------------------------------
+
+@cli.group()
+def sessions() -> None:
+    """Sessions and their turns (as an admin)."""
+
+
+def _turn_dict(t: agentstate.Turn) -> dict[str, Any]:
+    return {"id": t.id, "n": t.n, "status": t.status, "input": t.input, "request": t.request,
+            "decision": t.decision, "result": t.result, "error": t.error,
+            "created_at": t.created_at.isoformat(), "updated_at": t.updated_at.isoformat()}
+
+
+@sessions.command("list")
+@pass_obj
+def sessions_list(obj: Ctx) -> None:
+    """Every session, newest first."""
+    ss = obj.open().sessions.list(ADMIN)
+    obj.out([{"id": s.id, "owner": s.owner, "created_at": s.created_at.isoformat(),
+              "metadata": s.metadata} for s in ss],
+            table(("ID", "OWNER", "CREATED"),
+                  [(s.id, s.owner, s.created_at.strftime("%Y-%m-%d %H:%M:%S")) for s in ss]))
+
+
+@sessions.command("show")
+@click.argument("session_id")
+@pass_obj
+def sessions_show(obj: Ctx, session_id: str) -> None:
+    """A session and its active turn."""
+    db = obj.open()
+    s = db.sessions.get(session_id, ADMIN)
+    ts = db.sessions.turns(session_id, ADMIN)
+    active = [t for t in ts if t.status in ("queued", "running")]
+    obj.out({"id": s.id, "owner": s.owner, "created_at": s.created_at.isoformat(),
+             "metadata": s.metadata, "turns": len(ts),
+             "active_turn": _turn_dict(active[0]) if active else None},
+            table(("", ""), [("id", s.id), ("owner", s.owner), ("created", s.created_at.isoformat()),
+                             ("metadata", show(s.metadata)), ("turns", len(ts)),
+                             ("active turn", f"{active[0].id} ({active[0].status})" if active else "none")]
+                  ).split("\n", 1)[1])
+
+
+@sessions.command("turns")
+@click.argument("session_id")
+@pass_obj
+def sessions_turns(obj: Ctx, session_id: str) -> None:
+    """A session's turns, newest first."""
+    ts = obj.open().sessions.turns(session_id, ADMIN)
+    obj.out([_turn_dict(t) for t in ts],
+            table(("N", "TURN", "STATUS", "UPDATED"),
+                  [(t.n, t.id, t.status, t.updated_at.strftime("%Y-%m-%d %H:%M:%S")) for t in ts]))
+
+
+@sessions.command("release")
+@click.argument("session_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_obj
+def sessions_release(obj: Ctx, session_id: str, yes: bool) -> None:
+    """End the session's active turn as failed (admin action)."""
+    db = obj.open()
+    db.sessions.get(session_id, ADMIN)
+    if not yes and not click.confirm(f"End the active turn of {session_id} as failed?"):
+        fail("aborted", "nothing released")
+    t = db.sessions.release(session_id, ADMIN)
+    obj.out(_turn_dict(t), f"released turn {t.id} ({t.status})")
+
+
+# -- demo -------------------------------------------------------------------
+
+@cli.command()
+@pass_obj
 def demo(obj: Ctx) -> None:
     """Run two agent processes that share the database, and show what they did."""
-    try:
-        r = _demo.run(obj.db_path, click.echo)
-    except agentstate.AgentStateError as e:
-        raise click.ClickException(f"{e.code}: {e}") from None
+    r = _demo.run(obj.db_path, click.echo)
     ok = r["failed_processes"] == 0 and r["visits"] - r["visits_before"] == r["expected"]
     human = "\n".join([
         f"database: {r['path']}",

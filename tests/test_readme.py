@@ -50,3 +50,19 @@ def test_readme_install_and_demo_on_a_clean_copy(tmp_path):
     where, same = r2.stdout.split()
     assert "site-packages" in where and same == "True"
     assert Path(where, "schema.sql").read_text() == (REPO / "schema.sql").read_text()
+
+
+def test_readme_python_examples_run(tmp_path, monkeypatch):
+    """The README's Python blocks run as written, one after the other."""
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    scope: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), scope)
+    db = scope["db"]
+    assert db.scope("session", "s-42").get("settings") == {"model": "large"}
+    assert db.runs.load("run-1").entries[-1]["status"] == "unknown"
+    db.close()

@@ -79,3 +79,22 @@ def hold_turn_forever(path: str, session_id: str, ready) -> None:
         while True:
             time.sleep(0.2)
             turn.heartbeat()
+
+
+def busy_agent(path: str, seconds: float, started) -> None:
+    """Keep writing keys, lists, run entries and turns while the shell reads."""
+    import time
+
+    alice = agentstate.Principal("alice")
+    with agentstate.open(path) as db:
+        s = db.scope("agent", "busy")
+        sid = db.sessions.create(alice).id
+        db.runs.write("run-bg", [], None, create=True)
+        started.set()
+        t0, i = time.monotonic(), 0
+        while time.monotonic() - t0 < seconds:
+            s.put(f"k{i % 50}", {"i": i})
+            db.runs.write("run-bg", [{"seq": i, "type": "tick"}], {"i": i})
+            with db.sessions.turn(sid, alice):
+                pass
+            i += 1

@@ -1,0 +1,178 @@
+"""Administration: the store's own invariants (check), info, online backup, vacuum.
+
+``check`` is the one verifier shared by the command and the reliability tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import apsw
+
+from ._connection import SCHEMA_VERSION, translate
+from .errors import AgentStateError, StorageError
+
+if TYPE_CHECKING:
+    from ._connection import Store
+
+# Each invariant is one query returning (location, problem) rows; none means it holds.
+INVARIANTS: list[tuple[str, str]] = [
+    ("list length and size match the items", """
+        SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
+               'stored length ' || k.length || ' size ' || k.size || ', items give length '
+               || count(i.idx) || ' size ' || (CASE WHEN count(i.idx) = 0 THEN 2
+                  ELSE 1 + sum(length(CAST(i.item AS BLOB)) + 1) END)
+               || ', indexes ' || coalesce(min(i.idx), '-') || '..' || coalesce(max(i.idx), '-')
+        FROM kv k LEFT JOIN list_item i ON i.key_id = k.id
+        WHERE k.type = 'list'
+        GROUP BY k.id
+        HAVING count(i.idx) <> k.length
+            OR (CASE WHEN count(i.idx) = 0 THEN 2 ELSE 1 + sum(length(CAST(i.item AS BLOB)) + 1) END) <> k.size
+            OR coalesce(min(i.idx), 0) <> 0 OR coalesce(max(i.idx), -1) <> k.length - 1"""),
+    ("list items belong to a list", """
+        SELECT 'list_item key_id ' || i.key_id, count(*) || ' items of a key that is not a list'
+        FROM list_item i LEFT JOIN kv k ON k.id = i.key_id
+        WHERE k.id IS NULL OR k.type <> 'list' GROUP BY i.key_id"""),
+    ("values are valid JSON of the recorded size", """
+        SELECT 'kv ' || kind || ':' || scope_id || ' ' || key,
+               CASE WHEN NOT json_valid(value) THEN 'value is not JSON'
+                    ELSE 'size ' || size || ' but the value has ' || length(CAST(value AS BLOB)) END
+        FROM kv WHERE type = 'json' AND (NOT json_valid(value) OR length(CAST(value AS BLOB)) <> size)
+        UNION ALL
+        SELECT 'list_item key_id ' || key_id || ' idx ' || idx, 'item is not JSON'
+        FROM list_item WHERE NOT json_valid(item)"""),
+    ("versions never go back", """
+        SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
+               'version ' || k.version || ' is not above the deleted version ' || d.version
+        FROM kv k JOIN kv_deleted d USING (kind, scope_id, key)
+        WHERE k.version <= d.version"""),
+    ("run histories are seq 0..n-1", """
+        SELECT 'run ' || r.id,
+               'next_seq ' || r.next_seq || ' but ' || count(e.seq) || ' entries, seqs '
+               || coalesce(min(e.seq), '-') || '..' || coalesce(max(e.seq), '-')
+        FROM run r LEFT JOIN run_entry e ON e.run_id = r.id
+        GROUP BY r.id
+        HAVING count(e.seq) <> r.next_seq OR coalesce(min(e.seq), 0) <> 0
+            OR coalesce(max(e.seq), -1) <> r.next_seq - 1"""),
+    ("run entries are JSON objects carrying their seq", """
+        SELECT 'run ' || run_id || ' seq ' || seq, 'entry is not an object with this seq'
+        FROM run_entry
+        WHERE NOT json_valid(entry) OR json_type(entry) <> 'object'
+           OR json_extract(entry, '$.seq') IS NOT seq
+        UNION ALL
+        SELECT 'run ' || id, 'snapshot is not a JSON object'
+        FROM run WHERE snapshot IS NOT NULL AND (NOT json_valid(snapshot) OR json_type(snapshot) <> 'object')"""),
+    ("at most one active turn per session", """
+        SELECT 'session ' || session_id, count(*) || ' queued or running turns'
+        FROM turn WHERE status IN ('queued', 'running')
+        GROUP BY session_id HAVING count(*) > 1"""),
+]
+
+
+def check(store: Store) -> list[str]:
+    """Every problem found, as 'location: problem'; [] when the file is sound."""
+    problems: list[str] = []
+    with store.snapshot() as c:
+        for (msg,) in c.execute("PRAGMA integrity_check"):
+            if msg != "ok":
+                problems.append(f"integrity_check: {msg}")
+        for table, rowid, parent, _fk in c.execute("PRAGMA foreign_key_check"):
+            problems.append(f"{table} rowid {rowid}: refers to a missing {parent} row")
+        for name, sql in INVARIANTS:
+            try:
+                for where, what in c.execute(sql):
+                    problems.append(f"{where}: {what} ({name})")
+            except apsw.Error as e:
+                problems.append(f"{name}: could not be checked: {e}")
+    return problems
+
+
+def info(store: Store) -> dict[str, Any]:
+    def size(p: str) -> int:
+        try:
+            return os.path.getsize(p)
+        except OSError:
+            return 0
+
+    with store.snapshot() as c:
+        counts = dict(zip(
+            ("scopes", "keys", "list_items", "runs", "entries", "sessions", "turns"),
+            c.execute("""SELECT (SELECT count(*) FROM (SELECT DISTINCT kind, scope_id FROM kv)),
+                                (SELECT count(*) FROM kv), (SELECT count(*) FROM list_item),
+                                (SELECT count(*) FROM run), (SELECT count(*) FROM run_entry),
+                                (SELECT count(*) FROM session), (SELECT count(*) FROM turn)""").fetchone(),
+        ))
+        version = c.pragma("user_version")
+    return {
+        "path": store.path,
+        "size_bytes": size(store.path),
+        "wal_bytes": size(store.path + "-wal"),
+        "schema_version": version,
+        "library_schema_version": SCHEMA_VERSION,
+        "durability": store.durability,
+        "counts": counts,
+    }
+
+
+def backup(store: Store, dest: str, progress: Callable[[int, int], None] | None = None) -> str:
+    """Copy the database to ``dest`` (a new owner-only file) while others keep writing.
+
+    Copies in steps with SQLite's backup API; a step restarts when another
+    connection writes, so after a few restarts the rest is copied in one step
+    (one read transaction: consistent, and it does not block WAL writers).
+    """
+    dest = os.path.abspath(dest)
+    if os.path.exists(dest):
+        raise StorageError(f"{dest} exists already; backup writes a new file")
+    try:
+        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fchmod(fd, 0o600)
+        os.close(fd)
+    except OSError as e:
+        raise StorageError(f"cannot create {dest}: {e.strerror or e}") from None
+    ok = False
+    try:
+        out = apsw.Connection(dest)
+        try:
+            src = store.conn()
+            with out.backup("main", src, "main") as b:
+                restarts, last = 0, None
+                while not b.done:
+                    b.step(-1 if restarts >= 3 else 256)
+                    if last is not None and b.remaining > last:
+                        restarts += 1
+                    last = b.remaining
+                    if progress:
+                        progress(b.page_count - b.remaining, b.page_count)
+            out.execute("PRAGMA journal_mode = WAL")
+            out.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            out.close()
+        ok = True
+    except apsw.Error as e:
+        raise translate(e) from None
+    finally:
+        if not ok:
+            for p in (dest, dest + "-wal", dest + "-shm", dest + "-journal"):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+    return dest
+
+
+def vacuum(store: Store) -> dict[str, int]:
+    before = os.path.getsize(store.path)
+    try:
+        c = store.conn()
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        c.execute("VACUUM")
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except apsw.Error as e:
+        raise translate(e) from None
+    return {"size_before": before, "size_after": os.path.getsize(store.path)}
+
+
+__all__ = ["AgentStateError", "backup", "check", "info", "vacuum"]
