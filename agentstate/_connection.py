@@ -74,10 +74,14 @@ def default_path() -> str:
 class Store:
     """Connections to one database file, shared by the threads of a process."""
 
-    def __init__(self, path: str | os.PathLike[str], durability: str, busy_timeout: float) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], durability: str, busy_timeout: float,
+        vfs: str | None = None,
+    ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.durability = durability
         self.busy_ms = max(0, int(busy_timeout * 1000))
+        self.vfs = vfs
         self._lock = threading.Lock()
         self._local = threading.local()
         self._conns: list[apsw.Connection] = []
@@ -109,7 +113,7 @@ class Store:
 
     def _connect(self) -> apsw.Connection:
         try:
-            c = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+            c = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE, vfs=self.vfs)
         except apsw.Error as e:
             raise StorageError(f"cannot open {self.path}: {e}") from None
         try:

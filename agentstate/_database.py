@@ -22,6 +22,7 @@ class Options(BaseModel):
     path: str
     durability: Literal["full", "normal"] = "full"
     busy_timeout: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    vfs: str | None = None  # an apsw/SQLite VFS name; the fault-injection tests use their own
 
 
 class Database:
@@ -29,7 +30,7 @@ class Database:
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self._store = Store(options.path, options.durability, options.busy_timeout)
+        self._store = Store(options.path, options.durability, options.busy_timeout, options.vfs)
         self._runs: Any = None
         self._sessions: Any = None
 
@@ -127,12 +128,14 @@ def open(
     *,
     durability: str = "full",
     busy_timeout: float = 5.0,
+    vfs: str | None = None,
 ) -> Database:
     """Open (creating if needed) the agentstate database at ``path``.
 
     ``path`` defaults to ``$AGENTSTATE_DB``, else ``./agentstate.db``.
     ``durability="full"``: every returned write is on disk; ``"normal"``: the
     last commits may be lost on power failure, the file is never corrupted.
+    ``vfs`` names a registered SQLite VFS to use instead of the default one.
 
     :raises SchemaTooNew: the file was written by a newer agentstate.
     :raises Damaged: the file is not an agentstate database.
@@ -143,6 +146,7 @@ def open(
             path=os.fspath(path) if path is not None else default_path(),
             durability=durability,
             busy_timeout=busy_timeout,
+            vfs=vfs,
         )
     except (ValidationError, TypeError) as e:
         raise InvalidValue(f"bad open() argument: {e}") from None
