@@ -98,3 +98,52 @@ def busy_agent(path: str, seconds: float, started) -> None:
             with db.sessions.turn(sid, alice):
                 pass
             i += 1
+
+
+def mixed_worker(path: str, who: int, seconds: float, start, results) -> None:
+    """A bit of everything on shared keys, lists, runs and sessions, for a bounded time."""
+    import random
+    import time
+
+    rnd = random.Random(who)
+    alice = agentstate.Principal("alice")
+    done = {"inc": 0, "appended": [], "entries": [], "turns": 0, "busy_session": 0,
+            "gaps": 0, "errors": []}
+    with agentstate.open(path) as db:
+        kv = db.scope("app", "soak")
+        sid = kv.get("session_id")
+        start.wait()
+        t0 = time.monotonic()
+        i = 0
+        while time.monotonic() - t0 < seconds:
+            i += 1
+            op = rnd.randrange(5)
+            try:
+                if op == 0:
+                    kv.update("counter", lambda v: v + 1, default=0)
+                    done["inc"] += 1
+                elif op == 1:
+                    kv.append("shared-list", [[who, i]])
+                    done["appended"].append(i)
+                elif op == 2:
+                    tail = db.runs.tail("soak-run", 1)
+                    seq = tail[0]["seq"] + 1 if tail else 0
+                    try:
+                        db.runs.write("soak-run", [{"seq": seq, "who": who, "i": i}], {"who": who})
+                        done["entries"].append(i)
+                    except agentstate.HistoryGap:
+                        done["gaps"] += 1
+                elif op == 3:
+                    try:
+                        with db.sessions.turn(sid, alice, lease=30):
+                            kv.put(f"w{who}", i)
+                        done["turns"] += 1
+                    except agentstate.SessionBusy:
+                        done["busy_session"] += 1
+                else:
+                    kv.put(f"k{rnd.randrange(20)}", {"who": who, "i": i})
+                    kv.get(f"k{rnd.randrange(20)}")
+                    kv.list("k")
+            except Exception as e:  # any other error is a failure the test reports
+                done["errors"].append(f"{type(e).__name__}: {e}")
+    results.put((who, done))

@@ -1,0 +1,112 @@
+"""Crash safety: SIGKILL a writer at random moments; nothing acknowledged is lost or half-done."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import agentstate
+
+from .conftest import REPO
+
+WRITER = str(REPO / "tests" / "crashwriter.py")
+
+
+def kill_trials(tmp_path, trials: int, seed: int) -> dict[str, int]:
+    db_path, log_path = str(tmp_path / "crash.db"), str(tmp_path / "acks.log")
+    rnd = random.Random(seed)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    stats = {"trials": 0, "acked": 0}
+    for trial in range(trials):
+        before = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        p = subprocess.Popen([sys.executable, WRITER, db_path, log_path, str(trial),
+                              str(rnd.randrange(1 << 30))], env=env, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while (not os.path.exists(log_path) or os.path.getsize(log_path) == before):
+            assert p.poll() is None, p.stderr.read().decode()
+            assert time.monotonic() < deadline, "writer did not start"
+            time.sleep(0.01)
+        time.sleep(rnd.uniform(0.0, 0.4))
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stderr.close()
+        stats["trials"] += 1
+        stats["acked"] += verify(db_path, log_path, trial + 1)
+    return stats
+
+
+def verify(db_path: str, log_path: str, trials_done: int) -> int:
+    """Every acknowledged operation is present; nothing is half-done; the file is sound."""
+    lines = open(log_path).read().splitlines()
+    with agentstate.open(db_path) as db:
+        assert db.check() == []
+        kv, agent = db.scope("session", "crash"), db.scope("agent", "crash")
+        keys = set(kv.list())
+        incs = [int(x.split()[1]) for x in lines if x.startswith("inc ")]
+        counter = agent.get("counter", 0)
+        # acknowledged increments are all there; at most one unacknowledged per killed writer
+        assert max(incs, default=0) <= counter <= max(incs, default=0) + trials_done
+        lists = {k: kv.slice(k) for k in ("list0", "list1", "list2")}
+        for items in lists.values():  # no partial append: items come in a/b pairs
+            assert len(items) % 2 == 0
+            for a, b in zip(items[::2], items[1::2]):
+                assert a.endswith(":a") and b == a[:-2] + ":b"
+        history = db.runs.read("history").entries
+        assert [e["seq"] for e in history] == list(range(len(history)))
+        acked_seqs = {}
+        cleared_at = {}
+        for n, line in enumerate(lines):
+            word, *rest = line.split()
+            if word == "put":
+                assert kv.get(f"p{rest[0]}")["tag"] == rest[0]
+            elif word == "cleared":
+                cleared_at[rest[0]] = n
+            elif word == "append":
+                key, tag = rest
+                later_clear = any(l.startswith(f"cleared {key}") for l in lines[n + 1:])
+                if not later_clear:
+                    assert f"{tag}:a" in lists[key], (key, tag)
+            elif word == "entry":
+                acked_seqs[int(rest[0])] = rest[1]
+            elif word == "txn":
+                tag = rest[0]
+                assert kv.get(f"ta{tag}") == tag and agent.get(f"tb{tag}") == [tag, tag]
+            elif word == "create":
+                assert db.runs.read(f"c{rest[0]}") == (
+                    [{"seq": 0}, {"seq": 1}, {"seq": 2}], {"tag": rest[0]})
+            elif word == "turn":
+                assert db.sessions.get_turn(rest[0], agentstate.Principal("alice")).status == "finished"
+        for seq, tag in acked_seqs.items():
+            assert history[seq]["tag"] == tag
+        # all or nothing for transactions and creates, acknowledged or not
+        for k in keys:
+            if k.startswith("ta"):
+                tag = k[2:]
+                assert agent.get(f"tb{tag}") == [tag, tag]
+        txns = db.scope("user", "crash").get("txns", 0)
+        assert txns == sum(1 for k in keys if k.startswith("ta"))
+        for s in db.runs.list():
+            if s.id.startswith("c"):
+                assert len(db.runs.read(s.id).entries) == 3
+        return len(lines)
+
+
+def test_kill_9_default(tmp_path):
+    """20 SIGKILLs at random moments: every acknowledged write survives, nothing is partial."""
+    stats = kill_trials(tmp_path, int(os.environ.get("AGENTSTATE_KILL_TRIALS", 20)), seed=1)
+    assert stats["acked"] > 0
+
+
+@pytest.mark.slow
+def test_kill_9_long(tmp_path):
+    """200 SIGKILL trials (AGENTSTATE_KILL_TRIALS_LONG overrides) with the same checks."""
+    n = int(os.environ.get("AGENTSTATE_KILL_TRIALS_LONG", 200))
+    stats = kill_trials(tmp_path, n, seed=2)
+    assert stats["trials"] == n
+    print(f"\nkill trials: {stats['trials']}, acknowledged operations checked: {stats['acked']}")
