@@ -250,3 +250,32 @@ def test_installed_executable(tmp_path):
     mod = subprocess.run([sys.executable, "-m", "agentstate", "--json", "keys", "app:a"],
                          capture_output=True, text=True, env=env)
     assert json.loads(mod.stdout) == ["k"]
+
+
+def test_backup_shows_a_progress_bar_on_a_terminal(tmp_path):
+    """On a terminal, backup draws click's progress bar on stderr; piped, it prints none."""
+    import pty
+
+    db_path, dest = str(tmp_path / "a.db"), str(tmp_path / "b.db")
+    with agentstate.open(db_path) as db:
+        db.scope("app", "a").append("l", [{"pad": "x" * 900} for _ in range(1000)])
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db_path, "backup", dest],
+                         stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert p.wait(60) == 0
+    text = out.decode(errors="replace")
+    assert "backup" in text and "100%" in text and "backed up to" in text
+    piped = subprocess.run([sys.executable, "-m", "agentstate", "--db", db_path, "backup",
+                            str(tmp_path / "c.db")], capture_output=True, text=True)
+    assert piped.returncode == 0 and "%" not in piped.stderr
