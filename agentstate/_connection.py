@@ -254,7 +254,12 @@ class Store:
                     c.execute("ROLLBACK")
                 except apsw.Error:
                     pass
-            raise translate(e) from None
+            err = translate(e)
+            if not depth and isinstance(e, (apsw.IOError, apsw.FullError)):
+                # The commit's WAL frames may be written before the fsync that
+                # failed; recovery can replay them. Say so instead of "nothing".
+                err.outcome_unknown = True  # type: ignore[attr-defined]
+            raise err from None
 
     @contextmanager
     def read(self) -> Iterator[apsw.Connection]:

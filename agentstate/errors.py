@@ -123,6 +123,12 @@ class Closed(AgentStateError):
 
 
 class StorageError(AgentStateError, OSError):
-    """The file could not be opened, read or written (permissions, disk full, I/O)."""
+    """The file could not be opened, read or written (permissions, disk full, I/O).
+
+    ``outcome_unknown`` is True when the COMMIT itself failed (for example its
+    fsync): the write may or may not be stored, and may appear once the WAL is
+    recovered. Read it back before retrying. Any other refusal changed nothing.
+    """
 
     code, status = "storage_error", 500
+    outcome_unknown = False
