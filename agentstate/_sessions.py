@@ -247,31 +247,26 @@ class Sessions:
             raise NotFound(f"no session {session_id!r}")
         return p
 
-    def _turn_row(self, turn_id: Any, p: Principal) -> tuple[Any, ...]:
-        if type(turn_id) is not str:
+    @staticmethod
+    def _visible_turn(c: Any, turn_id: Any, p: Principal) -> tuple[Any, ...]:
+        """The turn's row if ``p`` may see its session; NotFound alike for unknown and others'."""
+        row = repo.turn_row(c, turn_id) if type(turn_id) is str else None
+        if row is None:
             raise NotFound(f"no turn {turn_id!r}")
-        with self._store.snapshot() as c:
-            row = repo.turn_row(c, turn_id)
-            if row is None:
-                raise NotFound(f"no turn {turn_id!r}")
-            try:
-                repo.session_row(c, row[1], p.name, p.admin)
-            except NotFound:
-                raise NotFound(f"no turn {turn_id!r}") from None
+        try:
+            repo.session_row(c, row[1], p.name, p.admin)
+        except NotFound:
+            raise NotFound(f"no turn {turn_id!r}") from None
         return row
+
+    def _turn_row(self, turn_id: Any, p: Principal) -> tuple[Any, ...]:
+        with self._store.snapshot() as c:
+            return self._visible_turn(c, turn_id, p)
 
     def _move(self, turn_id: str, p: Principal, from_states: tuple[str, ...], to: str,
               what: str, lease: float | None, sets: dict[str, Any]) -> tuple[Any, ...]:
-        if type(turn_id) is not str:
-            raise NotFound(f"no turn {turn_id!r}")
+        """One state change in one write transaction; "__same__" keeps the status (heartbeat)."""
         with self._store.write() as c:
-            row = repo.turn_row(c, turn_id)
-            if row is None:
-                raise NotFound(f"no turn {turn_id!r}")
-            try:
-                repo.session_row(c, row[1], p.name, p.admin)
-            except NotFound:
-                raise NotFound(f"no turn {turn_id!r}") from None
-            if to == "__same__":
-                to = row[3]
-            return repo.move(c, turn_id, from_states, to, sets, lease, what)
+            row = self._visible_turn(c, turn_id, p)
+            return repo.move(c, turn_id, from_states, row[3] if to == "__same__" else to,
+                             sets, lease, what)
