@@ -8,22 +8,38 @@
 
 PRAGMA application_id = 1634952052;  -- 'agst': marks the file as ours
 
--- Keys of scoped state: one row per live (kind, scope_id, key).
+-- Keys of scoped state: one row per live (kind, scope_id, key), found by
+-- its primary key in one b-tree search (WITHOUT ROWID: no second index).
 CREATE TABLE kv (
-    id         INTEGER PRIMARY KEY,
     kind       TEXT    NOT NULL CHECK (kind IN ('thread', 'session', 'agent', 'user', 'app')),
     scope_id   TEXT    NOT NULL,
     key        TEXT    NOT NULL,
     version    INTEGER NOT NULL CHECK (version >= 1),  -- +1 on every write of the key
     type       TEXT    NOT NULL CHECK (type IN ('json', 'bytes', 'list')),
     value      ANY,      -- json: JSON text; bytes: BLOB; list: NULL (items in list_item)
+    list_id    INTEGER,  -- list: the list_id of its items; else NULL
     length     INTEGER,  -- list: number of items; else NULL
     size       INTEGER NOT NULL CHECK (size >= 0),  -- bytes of the compact JSON (a list: of the whole list)
     updated_at TEXT    NOT NULL,
-    UNIQUE (kind, scope_id, key),
+    PRIMARY KEY (kind, scope_id, key),
+    CHECK ((type = 'list') = (list_id IS NOT NULL)),
     CHECK ((type = 'list') = (length IS NOT NULL)),
     CHECK ((type = 'list') = (value IS NULL))
-) STRICT;
+) STRICT, WITHOUT ROWID;
+
+-- Items of list values, one row per item, so an append writes only the new
+-- items and a slice reads only what it returns. idx runs 0..length-1.
+-- Deleting or replacing a list deletes its items in the same transaction.
+CREATE TABLE list_item (
+    list_id INTEGER NOT NULL,
+    idx     INTEGER NOT NULL CHECK (idx >= 0),
+    item    TEXT    NOT NULL,  -- JSON text of one item
+    PRIMARY KEY (list_id, idx)
+) STRICT, WITHOUT ROWID;
+
+-- The last list_id handed out (one row): a new list takes the next one.
+CREATE TABLE list_seq (last INTEGER NOT NULL) STRICT;
+INSERT INTO list_seq VALUES (0);
 
 -- The last version of each deleted key. A re-created key continues from it,
 -- so a stale if_version never matches a re-created key. Consulted only when a
@@ -34,15 +50,6 @@ CREATE TABLE kv_deleted (
     key      TEXT    NOT NULL,
     version  INTEGER NOT NULL,
     PRIMARY KEY (kind, scope_id, key)
-) STRICT, WITHOUT ROWID;
-
--- Items of list values, one row per item, so an append writes only the new
--- items and a slice reads only what it returns. idx runs 0..length-1.
-CREATE TABLE list_item (
-    key_id INTEGER NOT NULL REFERENCES kv (id) ON DELETE CASCADE,
-    idx    INTEGER NOT NULL CHECK (idx >= 0),
-    item   TEXT    NOT NULL,  -- JSON text of one item
-    PRIMARY KEY (key_id, idx)
 ) STRICT, WITHOUT ROWID;
 
 -- Agent runs: one row per run, holding the replaceable snapshot.
@@ -117,7 +124,7 @@ CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queue
 CREATE VIEW state AS
 SELECT kind, scope_id, key,
        CASE type WHEN 'list' THEN (SELECT json_group_array(json(item))
-                                   FROM (SELECT item FROM list_item WHERE key_id = kv.id ORDER BY idx))
+                                   FROM (SELECT item FROM list_item WHERE list_id = kv.list_id ORDER BY idx))
                  WHEN 'bytes' THEN CAST(value AS TEXT)
                  ELSE value END AS value,
        type, version, length, size, updated_at

@@ -25,23 +25,29 @@ INVARIANTS: list[tuple[str, str]] = [
                || count(i.idx) || ' size ' || (CASE WHEN count(i.idx) = 0 THEN 2
                   ELSE 1 + sum(length(CAST(i.item AS BLOB)) + 1) END)
                || ', indexes ' || coalesce(min(i.idx), '-') || '..' || coalesce(max(i.idx), '-')
-        FROM kv k LEFT JOIN list_item i ON i.key_id = k.id
+        FROM kv k LEFT JOIN list_item i ON i.list_id = k.list_id
         WHERE k.type = 'list'
-        GROUP BY k.id
+        GROUP BY k.kind, k.scope_id, k.key
         HAVING count(i.idx) <> k.length
             OR (CASE WHEN count(i.idx) = 0 THEN 2 ELSE 1 + sum(length(CAST(i.item AS BLOB)) + 1) END) <> k.size
             OR coalesce(min(i.idx), 0) <> 0 OR coalesce(max(i.idx), -1) <> k.length - 1"""),
     ("list items belong to a list", """
-        SELECT 'list_item key_id ' || i.key_id, count(*) || ' items of a key that is not a list'
-        FROM list_item i LEFT JOIN kv k ON k.id = i.key_id
-        WHERE k.id IS NULL OR k.type <> 'list' GROUP BY i.key_id"""),
+        SELECT 'list_item list_id ' || i.list_id, count(*) || ' items of no list'
+        FROM list_item i WHERE NOT EXISTS (SELECT 1 FROM kv k WHERE k.list_id = i.list_id)
+        GROUP BY i.list_id
+        UNION ALL
+        SELECT 'list_id ' || list_id, count(*) || ' keys share it'
+        FROM kv WHERE list_id IS NOT NULL GROUP BY list_id HAVING count(*) > 1
+        UNION ALL
+        SELECT 'list_seq', 'last ' || (SELECT last FROM list_seq) || ' is below list_id ' || max(list_id)
+        FROM kv HAVING max(list_id) > (SELECT last FROM list_seq)"""),
     ("values are valid JSON of the recorded size", """
         SELECT 'kv ' || kind || ':' || scope_id || ' ' || key,
                CASE WHEN NOT json_valid(value) THEN 'value is not JSON'
                     ELSE 'size ' || size || ' but the value has ' || length(CAST(value AS BLOB)) END
         FROM kv WHERE type = 'json' AND (NOT json_valid(value) OR length(CAST(value AS BLOB)) <> size)
         UNION ALL
-        SELECT 'list_item key_id ' || key_id || ' idx ' || idx, 'item is not JSON'
+        SELECT 'list_item list_id ' || list_id || ' idx ' || idx, 'item is not JSON'
         FROM list_item WHERE NOT json_valid(item)"""),
     ("versions never go back", """
         SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,

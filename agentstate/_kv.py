@@ -11,23 +11,35 @@ from typing import Any
 import apsw
 
 from ._connection import now_iso
-from ._encoding import MAX_VALUE, list_size
+from ._encoding import MAX_VALUE
 from .errors import NotAList, TooLarge, VersionConflict
 
 Row = tuple[Any, ...]
 
-_FIND = "SELECT id, version, type, length, size FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"
-_CREATE = """
-INSERT INTO kv (kind, scope_id, key, version, type, value, length, size, updated_at)
-VALUES (?1, ?2, ?3,
-        1 + coalesce((SELECT version FROM kv_deleted WHERE kind = ?1 AND scope_id = ?2 AND key = ?3), 0),
-        ?4, ?5, ?6, ?7, ?8)
-RETURNING id, version"""
+_FIND = """SELECT version, type, list_id, length, size FROM kv
+           WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
+_NEXT_VERSION = "1 + coalesce((SELECT version FROM kv_deleted WHERE kind = ?1 AND scope_id = ?2 AND key = ?3), 0)"
+# The common put in one statement: create, or replace a value that is not a
+# list (a list's items need deleting first: that, lists and CAS take the slow path).
+_UPSERT = f"""
+INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
+VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, NULL, NULL, ?6, ?7)
+ON CONFLICT (kind, scope_id, key) DO UPDATE
+SET version = kv.version + 1, type = excluded.type, value = excluded.value, size = excluded.size,
+    updated_at = excluded.updated_at
+WHERE kv.type <> 'list'
+RETURNING version"""
+_CREATE = f"""
+INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
+VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, ?6, ?7, ?8, ?9)
+RETURNING version"""
 _REPLACE = """
-UPDATE kv SET version = version + 1, type = ?2, value = ?3, length = ?4, size = ?5, updated_at = ?6
-WHERE id = ?1"""
-_ADD_ITEMS = "INSERT INTO list_item (key_id, idx, item) VALUES (?, ?, ?)"
-_DROP_ITEMS = "DELETE FROM list_item WHERE key_id = ?"
+UPDATE kv SET version = version + 1, type = ?4, value = ?5, list_id = ?6, length = ?7, size = ?8,
+              updated_at = ?9
+WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
+_NEW_LIST = "UPDATE list_seq SET last = last + 1 RETURNING last"
+_ADD_ITEMS = "INSERT INTO list_item (list_id, idx, item) VALUES (?, ?, ?)"
+_DROP_ITEMS = "DELETE FROM list_item WHERE list_id = ?"
 
 
 def _conflict(what: str, expected: int, current: int) -> VersionConflict:
@@ -41,11 +53,17 @@ def get(c: apsw.Connection, kind: str, sid: str, key: str) -> Row | None:
     return c.execute(
         """SELECT type, value, version,
                   CASE type WHEN 'list' THEN
-                    (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item WHERE key_id = kv.id)
+                    (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
+                     WHERE list_id = kv.list_id)
                   END
            FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
         (kind, sid, key),
     ).fetchone()
+
+
+def _add_items(c: apsw.Connection, list_id: int, start: int, items: list[str]) -> None:
+    if items:
+        c.executemany(_ADD_ITEMS, [(list_id, start + i, t) for i, t in enumerate(items)])
 
 
 def put(
@@ -60,35 +78,43 @@ def put(
     if_version: int | None,
 ) -> int:
     """Write a value (``items`` for a list); return the new version."""
+    now = now_iso()
+    if if_version is None and items is None:
+        done = c.execute(_UPSERT, (kind, sid, key, type_, value, size, now)).fetchone()
+        if done is not None:
+            return done[0]
     row = c.execute(_FIND, (kind, sid, key)).fetchone()
-    current = row[1] if row else 0
+    current = row[0] if row else 0
     if if_version is not None and if_version != current:
         raise _conflict(f"put {kind}:{sid} {key}", if_version, current)
-    length = None if items is None else len(items)
-    now = now_iso()
-    if row is None:
-        key_id, version = c.execute(
-            _CREATE, (kind, sid, key, type_, value, length, size, now)
-        ).fetchone()
+    list_id = row[2] if row else None
+    if list_id is not None:
+        c.execute(_DROP_ITEMS, (list_id,))
+    if items is None:
+        list_id = length = None
     else:
-        key_id, version = row[0], current + 1
-        if row[2] == "list":
-            c.execute(_DROP_ITEMS, (key_id,))
-        c.execute(_REPLACE, (key_id, type_, value, length, size, now))
-    if items:
-        c.executemany(_ADD_ITEMS, [(key_id, i, t) for i, t in enumerate(items)])
-    return version
+        length = len(items)
+        if list_id is None:
+            list_id = c.execute(_NEW_LIST).fetchone()[0]
+        _add_items(c, list_id, 0, items)
+    args = (kind, sid, key, type_, value, list_id, length, size, now)
+    if row is None:
+        return c.execute(_CREATE, args).fetchone()[0]
+    c.execute(_REPLACE, args)
+    return current + 1
 
 
 def delete(c: apsw.Connection, kind: str, sid: str, key: str, if_version: int | None) -> bool:
-    """Remove a key, remembering its version; return whether it existed."""
+    """Remove a key (and a list's items), remembering its version; whether it existed."""
     row = c.execute(_FIND, (kind, sid, key)).fetchone()
-    current = row[1] if row else 0
+    current = row[0] if row else 0
     if if_version is not None and if_version != current:
         raise _conflict(f"delete {kind}:{sid} {key}", if_version, current)
     if row is None:
         return False
-    c.execute("DELETE FROM kv WHERE id = ?", (row[0],))  # list items go by ON DELETE CASCADE
+    if row[2] is not None:
+        c.execute(_DROP_ITEMS, (row[2],))
+    c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key))
     c.execute(
         """INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (?, ?, ?, ?)
            ON CONFLICT DO UPDATE SET version = excluded.version""",
@@ -106,11 +132,11 @@ def append(
     if row is None:
         length, size = 0, 2
     else:
-        if row[2] != "list":
-            raise NotAList(f"{kind}:{sid} {key} holds a {row[2]} value, not a list")
+        if row[1] != "list":
+            raise NotAList(f"{kind}:{sid} {key} holds a {row[1]} value, not a list")
         length, size = row[3], row[4]
         if n == 0:
-            return length, row[1]
+            return length, row[0]
     # items_size is the JSON of [items]; joining two lists drops one pair of
     # brackets and adds a comma when both are non-empty.
     new_size = size + items_size - 2 + (1 if length and n else 0)
@@ -120,17 +146,16 @@ def append(
         )
     now = now_iso()
     if row is None:
-        key_id, version = c.execute(
-            _CREATE, (kind, sid, key, "list", None, n, new_size, now)
-        ).fetchone()
+        list_id = c.execute(_NEW_LIST).fetchone()[0]
+        version = c.execute(_CREATE, (kind, sid, key, "list", None, list_id, n, new_size, now)).fetchone()[0]
     else:
-        key_id, version = row[0], row[1] + 1
+        list_id, version = row[2], row[0] + 1
         c.execute(
-            "UPDATE kv SET version = ?2, length = ?3, size = ?4, updated_at = ?5 WHERE id = ?1",
-            (key_id, version, length + n, new_size, now),
+            """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7
+               WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
+            (kind, sid, key, version, length + n, new_size, now),
         )
-    if n:
-        c.executemany(_ADD_ITEMS, [(key_id, length + i, t) for i, t in enumerate(items)])
+    _add_items(c, list_id, length, items)
     return length + n, version
 
 
@@ -140,7 +165,7 @@ def slice_items(
     """Item texts of list[start:stop] in one statement; None when not a list."""
     rows = c.execute(
         """SELECT k.type, i.item FROM kv k
-           LEFT JOIN list_item i ON i.key_id = k.id
+           LEFT JOIN list_item i ON i.list_id = k.list_id
              AND i.idx >= (CASE WHEN ?4 < 0 THEN k.length + ?4 ELSE ?4 END)
              AND i.idx < (CASE WHEN ?5 IS NULL THEN k.length
                                WHEN ?5 < 0 THEN k.length + ?5 ELSE ?5 END)
@@ -169,7 +194,7 @@ def length(c: apsw.Connection, kind: str, sid: str, key: str) -> int | None:
 def keys(
     c: apsw.Connection, kind: str, sid: str, prefix: str, after: str | None, limit: int | None
 ) -> list[str]:
-    """Keys starting with ``prefix`` (a range scan on the unique index), ascending."""
+    """Keys starting with ``prefix`` (a range scan of the primary key), ascending."""
     lo = prefix if after is None or after < prefix else after
     # Keys are ASCII below DEL, so '\x7f' bounds them all; else the prefix's successor.
     hi = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\x7f"
@@ -182,3 +207,19 @@ def keys(
             (kind, sid, lo, hi, -1 if limit is None else limit),
         )
     ]
+
+
+def drop_scope(c: apsw.Connection, kind: str, sid: str) -> None:
+    """Delete every key of a scope (and list items), remembering versions."""
+    c.execute(
+        """DELETE FROM list_item WHERE list_id IN
+           (SELECT list_id FROM kv WHERE kind = ?1 AND scope_id = ?2 AND list_id IS NOT NULL)""",
+        (kind, sid),
+    )
+    c.execute(
+        """INSERT INTO kv_deleted (kind, scope_id, key, version)
+           SELECT kind, scope_id, key, version + 1 FROM kv WHERE kind = ?1 AND scope_id = ?2
+           ON CONFLICT DO UPDATE SET version = excluded.version""",
+        (kind, sid),
+    )
+    c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2", (kind, sid))

@@ -12,6 +12,7 @@ from typing import Any
 
 import apsw
 
+from . import _kv
 from ._connection import now_iso
 from .errors import InvalidTransition, NotFound, SessionBusy
 
@@ -53,13 +54,7 @@ def sessions(c: apsw.Connection, name: str, admin: bool) -> list[tuple[Any, ...]
 
 def delete(c: apsw.Connection, session_id: str) -> None:
     """The session, its turns (cascade) and its session-scope keys, remembering versions."""
-    c.execute(
-        """INSERT INTO kv_deleted (kind, scope_id, key, version)
-           SELECT kind, scope_id, key, version + 1 FROM kv WHERE kind = 'session' AND scope_id = ?
-           ON CONFLICT DO UPDATE SET version = excluded.version""",
-        (session_id,),
-    )
-    c.execute("DELETE FROM kv WHERE kind = 'session' AND scope_id = ?", (session_id,))
+    _kv.drop_scope(c, "session", session_id)
     c.execute("DELETE FROM session WHERE id = ?", (session_id,))
 
 

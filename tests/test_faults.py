@@ -228,7 +228,7 @@ def dump(path: str) -> dict[str, Any]:
         kv = c.execute(
             """SELECT kind, scope_id, key, type, version, length, size,
                       CASE type WHEN 'list' THEN (SELECT json_group_array(json(item)) FROM
-                          (SELECT item FROM list_item WHERE key_id = kv.id ORDER BY idx))
+                          (SELECT item FROM list_item WHERE list_id = kv.list_id ORDER BY idx))
                       ELSE value END
                FROM kv ORDER BY kind, scope_id, key""").fetchall()
         deleted = c.execute("SELECT * FROM kv_deleted ORDER BY 1, 2, 3").fetchall()

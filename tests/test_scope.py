@@ -297,3 +297,18 @@ def test_bytes_values(db):
     assert s.get_bytes("l") == b'[1,"x"]'
     with pytest.raises(agentstate.InvalidValue):
         s.put_bytes("b", "text")
+
+
+def test_lists_never_share_items(db):
+    """Every list gets its own list_id, empty or deleted ones included."""
+    s = db.scope("app", "a")
+    s.append("e1", [])
+    s.append("e2", [])
+    s.put("p", [])
+    s.append("x", [1])
+    s.delete("x")
+    s.append("x2", [2])
+    for k in ("e1", "e2", "p"):
+        s.append(k, [k])
+    assert [s.get(k) for k in ("e1", "e2", "p", "x2")] == [["e1"], ["e2"], ["p"], [2]]
+    assert db.check() == []
