@@ -49,11 +49,15 @@ SCHEMA_VERSION = int(re.findall(r"PRAGMA user_version = (\d+);", SCHEMA)[-1])
 MIGRATIONS: dict[int, str] = {}
 
 
+_second = [0, ""]  # the last whole second formatted: strftime is the slow part
+
+
 def now_iso() -> str:
     """The store's own UTC time, ISO-8601 with microseconds and a Z."""
-    ns = time.time_ns()
-    s, us = divmod(ns // 1000, 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + f".{us:06d}Z"
+    sec, us = divmod(time.time_ns() // 1000, 1_000_000)
+    if sec != _second[0]:
+        _second[:] = [sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))]
+    return f"{_second[1]}.{us:06d}Z"
 
 
 def translate(e: apsw.Error) -> AgentStateError:
@@ -220,46 +224,9 @@ class Store:
 
     # -- transactions --------------------------------------------------------
 
-    @contextmanager
-    def write(self) -> Iterator[apsw.Connection]:
+    def write(self) -> _Write:
         """One write transaction (BEGIN IMMEDIATE), or a savepoint inside one."""
-        c = self.conn()
-        local = self._local
-        depth = local.depth
-        try:
-            if depth:
-                c.execute("SAVEPOINT w")
-            else:
-                c.execute("BEGIN IMMEDIATE")
-        except apsw.Error as e:
-            raise translate(e) from None
-        local.depth = depth + 1
-        try:
-            yield c
-        except BaseException as e:
-            local.depth = depth
-            try:
-                c.execute("ROLLBACK TO w; RELEASE w" if depth else "ROLLBACK")
-            except apsw.Error:
-                pass  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
-            if isinstance(e, apsw.Error):
-                raise translate(e) from None
-            raise
-        local.depth = depth
-        try:
-            c.execute("RELEASE w" if depth else "COMMIT")
-        except apsw.Error as e:
-            if not depth and c.in_transaction:
-                try:
-                    c.execute("ROLLBACK")
-                except apsw.Error:
-                    pass
-            err = translate(e)
-            if not depth and isinstance(e, (apsw.IOError, apsw.FullError)):
-                # The commit's WAL frames may be written before the fsync that
-                # failed; recovery can replay them. Say so instead of "nothing".
-                err.outcome_unknown = True  # type: ignore[attr-defined]
-            raise err from None
+        return _Write(self)
 
     @contextmanager
     def read(self) -> Iterator[apsw.Connection]:
@@ -298,3 +265,54 @@ class Store:
     def query(self, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
         with self.read() as c:
             return c.execute(sql, args).fetchall()
+
+
+class _Write:
+    """The context manager behind Store.write (a class: it is on every write's path).
+
+    BEGIN IMMEDIATE (or SAVEPOINT when nested); ROLLBACK on any exception;
+    COMMIT only on success. A COMMIT that fails with an I/O error marks the
+    error ``outcome_unknown``: its WAL frames may already be on disk.
+    """
+
+    __slots__ = ("store", "c", "depth")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> apsw.Connection:
+        c = self.c = self.store.conn()
+        local = self.store._local
+        depth = self.depth = local.depth
+        try:
+            c.execute("SAVEPOINT w" if depth else "BEGIN IMMEDIATE")
+        except apsw.Error as e:
+            raise translate(e) from None
+        local.depth = depth + 1
+        return c
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        c, depth = self.c, self.depth
+        self.store._local.depth = depth
+        if exc is not None:
+            try:
+                c.execute("ROLLBACK TO w; RELEASE w" if depth else "ROLLBACK")
+            except apsw.Error:
+                pass  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
+            if isinstance(exc, apsw.Error):
+                raise translate(exc) from None
+            return
+        try:
+            c.execute("RELEASE w" if depth else "COMMIT")
+        except apsw.Error as e:
+            if not depth and c.in_transaction:
+                try:
+                    c.execute("ROLLBACK")
+                except apsw.Error:
+                    pass
+            err = translate(e)
+            if not depth and isinstance(e, (apsw.IOError, apsw.FullError)):
+                # The commit's WAL frames may be written before the fsync that
+                # failed; recovery can replay them. Say so instead of "nothing".
+                err.outcome_unknown = True  # type: ignore[attr-defined]
+            raise err from None
