@@ -8,8 +8,9 @@
 
 PRAGMA application_id = 1634952052;  -- 'agst': marks the file as ours
 
--- Keys of scoped state: one row per live (kind, scope_id, key), found by
--- its primary key in one b-tree search (WITHOUT ROWID: no second index).
+-- Keys of scoped state: one row per live (kind, scope_id, key). A rowid table
+-- (not WITHOUT ROWID): values of a few KB then pack into pages instead of
+-- spilling to overflow pages; listing a scope's keys reads only the index.
 CREATE TABLE kv (
     kind       TEXT    NOT NULL CHECK (kind IN ('thread', 'session', 'agent', 'user', 'app')),
     scope_id   TEXT    NOT NULL,
@@ -25,7 +26,7 @@ CREATE TABLE kv (
     CHECK ((type = 'list') = (list_id IS NOT NULL)),
     CHECK ((type = 'list') = (length IS NOT NULL)),
     CHECK ((type = 'list') = (value IS NULL))
-) STRICT, WITHOUT ROWID;
+) STRICT;
 
 -- Items of list values, one row per item, so an append writes only the new
 -- items and a slice reads only what it returns. idx runs 0..length-1.
@@ -61,7 +62,6 @@ CREATE TABLE run (
     created_at TEXT    NOT NULL,
     updated_at TEXT    NOT NULL
 ) STRICT;
-CREATE INDEX run_by_updated ON run (updated_at);
 
 -- The append-only history of a run. The primary key makes a duplicate seq
 -- impossible, and the triggers below make a gap impossible, whoever writes.
@@ -72,16 +72,12 @@ CREATE TABLE run_entry (
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
 
--- Entries are added only right after the last one: seq must equal next_seq.
+-- No gap, whoever writes: an entry other than seq 0 needs its predecessor.
+-- (write() also keeps run.next_seq, and check() verifies the two agree.)
 CREATE TRIGGER run_entry_contiguous BEFORE INSERT ON run_entry
-WHEN NEW.seq IS NOT (SELECT next_seq FROM run WHERE id = NEW.run_id)
+WHEN NEW.seq > 0 AND NOT EXISTS (SELECT 1 FROM run_entry WHERE run_id = NEW.run_id AND seq = NEW.seq - 1)
 BEGIN
     SELECT RAISE(ABORT, 'history gap: seq must follow the last stored entry');
-END;
-
-CREATE TRIGGER run_entry_count AFTER INSERT ON run_entry
-BEGIN
-    UPDATE run SET next_seq = NEW.seq + 1 WHERE id = NEW.run_id;
 END;
 
 -- Sessions, owned by the principal (by name) that created them.

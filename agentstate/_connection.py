@@ -228,14 +228,9 @@ class Store:
         """One write transaction (BEGIN IMMEDIATE), or a savepoint inside one."""
         return _Write(self)
 
-    @contextmanager
-    def read(self) -> Iterator[apsw.Connection]:
+    def read(self) -> _Read:
         """A connection for reading; each statement sees one consistent snapshot."""
-        c = self.conn()
-        try:
-            yield c
-        except apsw.Error as e:
-            raise translate(e) from None
+        return _Read(self)
 
     @contextmanager
     def snapshot(self) -> Iterator[apsw.Connection]:
@@ -316,3 +311,19 @@ class _Write:
                 # failed; recovery can replay them. Say so instead of "nothing".
                 err.outcome_unknown = True  # type: ignore[attr-defined]
             raise err from None
+
+
+class _Read:
+    """Store.read: the connection, with driver errors translated on the way out."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> apsw.Connection:
+        return self.store.conn()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, apsw.Error):
+            raise translate(exc) from None

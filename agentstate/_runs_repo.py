@@ -42,21 +42,24 @@ def write(
             raise HistoryGap(
                 f"run {run_id!r}: expected seq {want} next (stored up to {next_seq - 1}), got {seq}"
             )
+    end = next_seq + len(new)
     if create:
         c.execute(
-            "INSERT INTO run (id, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?)",
-            (run_id, snapshot, now, now),
+            "INSERT INTO run (id, snapshot, next_seq, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+            (run_id, snapshot, end, now, now),
         )
-    elif snapshot is not None:
-        c.execute("UPDATE run SET snapshot = ?, updated_at = ? WHERE id = ?", (snapshot, now, run_id))
-    else:
-        c.execute("UPDATE run SET updated_at = ? WHERE id = ?", (now, run_id))
+    else:  # one statement; next_seq in WHERE restates what the write lock guarantees
+        c.execute(
+            """UPDATE run SET snapshot = coalesce(?1, snapshot), next_seq = ?2, updated_at = ?3
+               WHERE id = ?4 AND next_seq = ?5""",
+            (snapshot, end, now, run_id, next_seq),
+        )
     if new:
         c.executemany(
             "INSERT INTO run_entry (run_id, seq, entry) VALUES (?, ?, ?)",
             [(run_id, seq, text) for seq, text in new],
         )
-    return next_seq + len(new)
+    return end
 
 
 def _check_resent(c: apsw.Connection, run_id: str, old: list[tuple[int, str]]) -> None:
@@ -131,4 +134,8 @@ def fork(c: apsw.Connection, run_id: str, new_id: str, upto: int | None) -> None
         """INSERT INTO run_entry (run_id, seq, entry)
            SELECT ?1, seq, entry FROM run_entry WHERE run_id = ?2 AND seq <= ?3 ORDER BY seq""",
         (new_id, run_id, (1 << 62) if upto is None else upto),
+    )
+    c.execute(
+        "UPDATE run SET next_seq = (SELECT count(*) FROM run_entry WHERE run_id = ?1) WHERE id = ?1",
+        (new_id,),
     )

@@ -118,8 +118,8 @@ class Scope:
             row = _kv.get(c, self.kind, self.id, key)
             new = fn(default if row is None else _value(row))
             type_, stored, size, items = _encode_value(new)
-            _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
-                    0 if row is None else row[2])
+            # No CAS needed: the write lock is held since the read.
+            _kv.put(c, self.kind, self.id, key, type_, stored, size, items, None)
         return new
 
     def append(self, key: str, items: list[Any]) -> Appended:
