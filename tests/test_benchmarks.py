@@ -1,0 +1,66 @@
+"""Smoke run of the benchmark command (``python -m benchmarks.run --quick``).
+
+Checks that every workload gives agentstate and raw apsw a number and a ratio,
+that a peer that is not installed is reported as such, and that the run is
+quick. Peers and matplotlib are optional: without matplotlib the chart is
+skipped and the markdown still written. No timing target is asserted.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = ["put", "get", "update", "contention", "append", "history", "list", "coldopen"]
+NUM = r"[0-9][0-9,.]*(?: ms)?"
+RATIO = r"\*\*[0-9.]+×\*\*"
+
+
+def _section(md: str, n: int) -> str:
+    m = re.search(rf"^### {n}\. .*?(?=^### |\Z)", md, re.S | re.M)
+    assert m, f"no section {n} in RESULTS.md"
+    return m.group(0)
+
+
+def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--out", str(out),
+         "--workdir", str(tmp_path / "work"),
+         # a light peer (when installed) plus one reported as not installed
+         "--systems", "agentstate,apsw,sqlitedict,lg_saver", "--pretend-missing", "lg_saver"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    md = (out / "RESULTS.md").read_text(encoding="utf-8")
+    for key in ("## Machine", "## Durability", "## Targets", "## Headline ratios", "cores", "Python",
+                "SQLite (apsw)"):
+        assert key in md
+    for n, name in enumerate(WORKLOADS, 1):
+        sec = _section(md, n)
+        for system in ("agentstate", "raw apsw"):
+            rows = re.findall(rf"^\| {system} \| (.*)$", sec, re.M)
+            assert rows, f"{name}: no row for {system}"
+            for row in rows:  # a number (median, min–max) and a ratio to raw apsw in every table
+                assert re.match(rf"{NUM} \({NUM}–{NUM}\) \| ", row), f"{name}/{system}: {row}"
+                assert re.search(r"[0-9.]+×", row), f"{name}/{system}: no ratio in {row}"
+        agent_rows = re.findall(r"^\| agentstate \| (.*)$", sec, re.M)
+        assert all(re.search(RATIO, r) for r in agent_rows), name
+        assert "1.00× (1.00–1.00)" in sec, f"{name}: raw apsw's own ratio"
+        assert re.search(r"^\| langgraph SqliteSaver \| (not installed|n/a)", sec, re.M), name
+    # the summary carries agentstate's ratio for every workload at FULL
+    head = md.split("## Headline ratios", 1)[1].split("## Workloads", 1)[0]
+    for label in ("put", "get", "update", "contention", "append", "write", "tail20", "list", "cold open"):
+        assert re.search(rf"^\| {label}[^|]* \| {RATIO}", head, re.M), label
+
+    png = out / "ratios.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists() and "chart not drawn" in md
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
