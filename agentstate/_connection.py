@@ -15,6 +15,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -28,9 +29,48 @@ from .errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, Storag
 APPLICATION_ID = 1634952052  # 'agst'
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 
-# Connections abandoned in a fork()ed child: closing them there could
-# checkpoint or unlink the parent's WAL, so they are kept alive, unused.
+# Connections that were in use when this process was fork()ed: SQLite state
+# copied mid-call, so they are neither used nor closed here (kept alive, so
+# garbage collection does not close them either), and their files are refused.
 _abandoned: list[apsw.Connection] = []
+_tainted: set[str] = set()
+_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """SQLite's lock bookkeeping is per process and a fork copies it: a child that
+    kept the parent's connections would hold locks it does not really hold, and
+    every connection it opens to the same file would trust them. So the child
+    closes the idle inherited connections at once (their close releases nothing
+    of the parent's, and a checkpoint needs a lock the parent's holds); a file
+    with a connection caught mid-transaction is refused in the child."""
+    pid = os.getpid()
+    for store in list(_stores):
+        store._after_fork(pid)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_thread_conn(store_ref: Any, c: apsw.Connection, pid: int) -> None:
+    """Close a thread's connection when the thread ends (not in a forked child)."""
+    if os.getpid() != pid:
+        return
+    store = store_ref()
+    if store is not None:
+        with store._lock:
+            if c in store._conns:
+                store._conns.remove(c)
+    try:
+        c.close(True)
+    except apsw.Error:
+        pass
+
+
+class _ThreadConn:
+    """Lives in a thread's local storage: when the thread ends, its connection closes."""
+
+    __slots__ = ("__weakref__",)
 
 
 def schema_text() -> str:
@@ -49,15 +89,17 @@ SCHEMA_VERSION = int(re.findall(r"PRAGMA user_version = (\d+);", SCHEMA)[-1])
 MIGRATIONS: dict[int, str] = {}
 
 
-_second = [0, ""]  # the last whole second formatted: strftime is the slow part
+_second = (0, "")  # the last whole second, formatted: strftime is the slow part
 
 
 def now_iso() -> str:
     """The store's own UTC time, ISO-8601 with microseconds and a Z."""
+    global _second
     sec, us = divmod(time.time_ns() // 1000, 1_000_000)
-    if sec != _second[0]:
-        _second[:] = [sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))]
-    return f"{_second[1]}.{us:06d}Z"
+    cached = _second  # one read: another thread may replace it meanwhile
+    if cached[0] != sec:
+        cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{cached[1]}.{us:06d}Z"
 
 
 def translate(e: apsw.Error) -> AgentStateError:
@@ -91,8 +133,14 @@ class Store:
         self._conns: list[apsw.Connection] = []
         self._pid = os.getpid()
         self._closed = False
+        if self.path in _tainted:
+            raise StorageError(
+                f"{self.path} was in use by another thread when this process was forked: "
+                "open it in a process started with the spawn method, or fork while idle"
+            )
         self._create_file()
         self.conn()  # opens, applies the schema or refuses the file
+        _stores.add(self)
 
     # -- opening -------------------------------------------------------------
 
@@ -146,6 +194,10 @@ class Store:
         app = c.pragma("application_id")
         if app not in (0, APPLICATION_ID):
             raise Damaged(f"{self.path} is an SQLite file of another application (id {app})")
+        # Before anything is written (the WAL switch rewrites the header): a
+        # file without our schema must be empty to become ours.
+        if version == 0 and c.execute("SELECT count(*) FROM sqlite_schema").get:
+            raise Damaged(f"{self.path} is an SQLite database but not an agentstate one")
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(
                 f"{self.path} has schema version {version}; this agentstate knows up to "
@@ -160,8 +212,6 @@ class Store:
             self._check_header(c)  # another process may have set it up meanwhile
             version = c.pragma("user_version")
             if version == 0:
-                if c.execute("SELECT count(*) FROM sqlite_schema").get:
-                    raise Damaged(f"{self.path} is an SQLite database but not an agentstate one")
                 c.execute(SCHEMA)
             while version < SCHEMA_VERSION and version != 0:
                 c.execute(MIGRATIONS[version])
@@ -177,31 +227,42 @@ class Store:
     def conn(self) -> apsw.Connection:
         if self._closed:
             raise Closed(f"the database {self.path} is closed")
-        pid = os.getpid()
-        if pid != self._pid:
-            self._after_fork(pid)
         c = getattr(self._local, "conn", None)
         if c is None:
+            if self.path in _tainted:
+                raise StorageError(
+                    f"{self.path} was in use by another thread when this process was forked: "
+                    "open it in a process started with the spawn method, or fork while idle"
+                )
             c = self._connect()
             with self._lock:
                 if self._closed:
                     c.close(True)
                     raise Closed(f"the database {self.path} is closed")
                 self._conns.append(c)
+            holder = _ThreadConn()
+            weakref.finalize(holder, _close_thread_conn, weakref.ref(self), c, os.getpid())
+            self._local.holder = holder
             self._local.conn = c
             self._local.depth = 0
         return c
 
     def _after_fork(self, pid: int) -> None:
-        # The parent's connections must not be used (or closed) in the child.
-        with self._lock:
-            if pid == self._pid:
-                return
-            _abandoned.extend(self._conns)
-            self._conns = []
-            self._local = threading.local()
-            self._lock = threading.Lock()
-            self._pid = pid
+        """In a fork()ed child: drop the parent's connections (see _after_fork_in_child)."""
+        if pid == self._pid:
+            return
+        conns, self._conns = self._conns, []
+        self._lock = threading.Lock()  # the parent's may be held by a thread not copied
+        self._local = threading.local()
+        self._pid = pid
+        for c in conns:
+            try:
+                if c.in_transaction:
+                    raise RuntimeError("in a transaction")
+                c.close(True)
+            except Exception:  # in use by a parent thread at fork time
+                _abandoned.append(c)
+                _tainted.add(self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -209,9 +270,6 @@ class Store:
                 return
             self._closed = True
             conns, self._conns = self._conns, []
-        if os.getpid() != self._pid:
-            _abandoned.extend(conns)
-            return
         for c in conns:
             try:
                 c.close(True)

@@ -21,7 +21,7 @@ class Options(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     path: str
     durability: Literal["full", "normal"] = "full"
-    busy_timeout: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    busy_timeout: float = Field(default=5.0, ge=0, le=86_400, allow_inf_nan=False)  # SQLite takes int ms
     vfs: str | None = None  # an apsw/SQLite VFS name; the fault-injection tests use their own
 
 

@@ -42,6 +42,13 @@ def check_key(key: Any, what: str = "key") -> str:
     return key
 
 
+def check_int(name: str, v: Any, lo: int = 0) -> int:
+    """An int in [lo, 2**63-1] (what SQLite can bind); else InvalidValue."""
+    if type(v) is not int or not lo <= v <= INT_MAX:
+        raise InvalidValue(f"{name} must be an integer from {lo} to {INT_MAX}, got {_show(v)}")
+    return v
+
+
 def check_kind(kind: Any) -> str:
     if kind not in SCOPE_KINDS or type(kind) is not str:
         raise InvalidKey(f"scope kind must be one of {', '.join(SCOPE_KINDS)}, got {_show(kind)}")
@@ -165,4 +172,7 @@ def decode(data: str | bytes) -> Any:
             data = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise json.JSONDecodeError(f"not UTF-8: {e.reason}", repr(data[:40]), e.start) from None
-    return _loads(data)
+    try:
+        return _loads(data)
+    except RecursionError:  # raw bytes may nest deeper than any stored JSON value
+        raise json.JSONDecodeError("nested too deeply to parse", data[:40], 0) from None

@@ -61,6 +61,14 @@ def get(c: apsw.Connection, kind: str, sid: str, key: str) -> Row | None:
     ).fetchone()
 
 
+def version(c: apsw.Connection, kind: str, sid: str, key: str) -> int:
+    """The current version of a key; 0 when absent."""
+    row = c.execute(
+        "SELECT version FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key)
+    ).fetchone()
+    return 0 if row is None else row[0]
+
+
 def _add_items(c: apsw.Connection, list_id: int, start: int, items: list[str]) -> None:
     if items:
         c.executemany(_ADD_ITEMS, [(list_id, start + i, t) for i, t in enumerate(items)])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._encoding import _KEY
-from .errors import AgentStateError, RunNotFound, StorageError
+from .errors import AgentStateError, InvalidKey, RunExists, RunNotFound, StorageError
 
 if TYPE_CHECKING:
     from ._runs import RunStore
@@ -60,6 +60,8 @@ def export_run(runs: RunStore, run_id: str, folder: str | os.PathLike[str]) -> P
 
     :raises RunNotFound: no such run. :raises StorageError: the files cannot be written.
     """
+    if set(run_id) <= {"."}:
+        raise InvalidKey(f"run id {run_id!r} cannot name a folder of its own")
     record = runs.read(run_id)
     if record is None:
         raise RunNotFound(f"no run {run_id!r}")
@@ -87,7 +89,7 @@ def _read_run(folder: Path) -> tuple[list[Any], Any]:
                     continue
                 try:
                     entry = json.loads(raw.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError) as e:
+                except (UnicodeDecodeError, ValueError, RecursionError) as e:
                     raise ValueError(f"{log}:{n}: not a JSON line: {e}") from None
                 if not isinstance(entry, dict) or type(entry.get("seq")) is not int:
                     raise ValueError(f"{log}:{n}: an entry must be an object with an integer seq")
@@ -97,11 +99,24 @@ def _read_run(folder: Path) -> tuple[list[Any], Any]:
     if snap.exists():
         try:
             snapshot = json.loads(snap.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise ValueError(f"{snap}:1: not JSON: {e}") from None
         if snapshot is not None and not isinstance(snapshot, dict):
             raise ValueError(f"{snap}:1: the snapshot must be an object or null")
     return entries, snapshot
+
+
+def _write_run(runs: RunStore, run_id: str, entries: list[Any], snapshot: Any) -> int:
+    """Continue the run, or create it; retried if another writer creates or deletes it."""
+    for _ in range(3):
+        before = runs._next_seq(run_id)
+        try:
+            runs.write(run_id, entries, snapshot, create=before is None)
+        except (RunExists, RunNotFound):
+            continue
+        return (runs._next_seq(run_id) or 0) - (before or 0)
+    runs.write(run_id, entries, snapshot, create=runs._next_seq(run_id) is None)
+    return 0
 
 
 def import_runs(runs: RunStore, folder: str | os.PathLike[str]) -> list[ImportResult]:
@@ -124,9 +139,8 @@ def import_runs(runs: RunStore, folder: str | os.PathLike[str]) -> list[ImportRe
             continue
         try:
             entries, snapshot = _read_run(sub)
-            before = runs._next_seq(run_id)
-            runs.write(run_id, entries, snapshot, create=before is None)
-            results.append(ImportResult(run_id, (runs._next_seq(run_id) or 0) - (before or 0), None))
+            added = _write_run(runs, run_id, entries, snapshot)
+            results.append(ImportResult(run_id, added, None))
         except (ValueError, AgentStateError) as e:
             msg = str(e)
             if isinstance(e, AgentStateError):

@@ -13,7 +13,7 @@ from pydantic.dataclasses import dataclass
 
 from . import _runfiles
 from . import _runs_repo as repo
-from ._encoding import check_key, decode, encode
+from ._encoding import check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
 if TYPE_CHECKING:
@@ -77,8 +77,7 @@ def parse_time(text: str) -> datetime:
 def _check_count(name: str, v: Any, allow_none: bool = False) -> None:
     if v is None and allow_none:
         return
-    if type(v) is not int or v < 0:
-        raise InvalidValue(f"{name} must be an integer >= 0, got {v!r}")
+    check_int(name, v)
 
 
 def encode_entries(entries: Any) -> list[tuple[int, str]]:
@@ -90,7 +89,7 @@ def encode_entries(entries: Any) -> list[tuple[int, str]]:
         if not isinstance(e, dict):
             raise InvalidValue(f"an entry must be a dict, got {type(e).__name__}")
         seq = e.get("seq")
-        if type(seq) is not int or seq < 0:
+        if type(seq) is not int or not 0 <= seq < 2**63 - 1:
             raise InvalidValue(f"an entry needs an integer seq >= 0, got {seq!r}")
         out.append((seq, encode(e, MAX_RECORD)[0]))
     return out

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _kv
-from ._encoding import MAX_VALUE, SCOPE_KINDS, check_key, check_kind, decode, encode, encode_items, prefix_ok
+from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
+                        encode, encode_items, prefix_ok)
 from .errors import InvalidValue, NotAList, TooLarge
 
 if TYPE_CHECKING:
@@ -32,16 +33,11 @@ class Appended(NamedTuple):
 
 
 def _check_version(if_version: Any) -> int | None:
-    if if_version is None:
-        return None
-    if type(if_version) is not int or if_version < 0:
-        raise InvalidValue(f"if_version must be an integer >= 0, got {if_version!r}")
-    return if_version
+    return None if if_version is None else check_int("if_version", if_version)
 
 
 def _check_index(name: str, i: Any) -> None:
-    if type(i) is not int:
-        raise InvalidValue(f"{name} must be an integer, got {i!r}")
+    check_int(name, i, INT_MIN)
 
 
 def _value(row: tuple[Any, ...]) -> Any:
@@ -109,16 +105,25 @@ class Scope:
     def update(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
         """Replace the value by ``fn(value)`` atomically and return the new value.
 
-        ``fn`` gets ``default`` only when the key is absent. It runs inside the
-        write transaction, so no concurrent write can slip in between the read
-        and the write; an exception from ``fn`` writes nothing and propagates.
+        Compare-and-set: ``fn`` runs on a snapshot, outside any lock; the write
+        goes through only if nobody wrote the key in between. If somebody did,
+        ``fn`` runs again on the fresh value inside the write transaction, so
+        it runs at most twice and no concurrent update is lost. ``fn`` gets
+        ``default`` only when the key is absent; an exception from ``fn``
+        writes nothing and propagates.
         """
         check_key(key)
-        with self._store.write() as c:
+        with self._store.read() as c:
             row = _kv.get(c, self.kind, self.id, key)
-            new = fn(default if row is None else _value(row))
-            type_, stored, size, items = _encode_value(new)
-            # No CAS needed: the write lock is held since the read.
+        seen = 0 if row is None else row[2]
+        new = fn(default if row is None else _value(row))
+        type_, stored, size, items = _encode_value(new)
+        with self._store.write() as c:
+            now = _kv.version(c, self.kind, self.id, key)
+            if now != seen:  # lost the race: again, under the lock this time
+                row = _kv.get(c, self.kind, self.id, key)
+                new = fn(default if row is None else _value(row))
+                type_, stored, size, items = _encode_value(new)
             _kv.put(c, self.kind, self.id, key, type_, stored, size, items, None)
         return new
 
@@ -164,8 +169,8 @@ class Scope:
         """
         if after is not None and type(after) is not str:
             raise InvalidValue(f"after must be a string or None, got {after!r}")
-        if limit is not None and (type(limit) is not int or limit < 0):
-            raise InvalidValue(f"limit must be an integer >= 0 or None, got {limit!r}")
+        if limit is not None:
+            check_int("limit", limit)
         if not prefix_ok(prefix):
             self._store.conn()  # still refuse a closed database
             return []

@@ -7,6 +7,7 @@ from typing import Any
 
 from ._database import Database, open
 from ._scope import Scope
+from ._encoding import check_key
 from .errors import InvalidKey
 
 
@@ -15,6 +16,7 @@ class _ThreadScoped:
         thread_id = thread_id if thread_id is not None else os.environ.get("AGENTSTATE_THREAD_ID")
         if thread_id is None:
             raise InvalidKey("no thread id: pass thread_id or set $AGENTSTATE_THREAD_ID")
+        check_key(thread_id, "thread id")  # before open(): a refusal creates no file
         self._owns_db = db is None
         self.db = db if db is not None else open()
         self.thread_id = thread_id

@@ -31,12 +31,31 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            self._forget_new_file(ctx)
+            raise
         except agentstate.AgentStateError as e:
+            self._forget_new_file(ctx)
             fail(e.code, str(e))
         except json.JSONDecodeError as e:
             fail("invalid_value", f"stored bytes are not JSON: {e}")
         except OSError as e:
             fail("storage_error", f"{e.filename or ''}: {e.strerror or e}")
+        except Exception as e:  # never a traceback (SPEC §7): one line, exit 1
+            self._forget_new_file(ctx)
+            fail("error", f"{type(e).__name__}: {e}")
+
+    @staticmethod
+    def _forget_new_file(ctx: click.Context) -> None:
+        """A refused put or append leaves no new database file behind."""
+        obj = ctx.obj
+        if isinstance(obj, Ctx) and obj.created and obj.db is not None:
+            obj.db.close()
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(obj.db.path + suffix)
+                except OSError:
+                    pass
 
 
 class Ctx:
@@ -44,13 +63,16 @@ class Ctx:
         self.db_path = db_path or os.environ.get("AGENTSTATE_DB") or "agentstate.db"
         self.as_json = as_json
         self.db: agentstate.Database | None = None
+        self.created = False
 
     def open(self, create: bool = False) -> agentstate.Database:
-        if not create and not os.path.exists(self.db_path):
+        exists = os.path.exists(self.db_path)
+        if not create and not exists:
             fail("not_found", f"no database at {self.db_path} (agentstate init creates one)")
         if os.path.isdir(self.db_path):
             fail("storage_error", f"{self.db_path} is a directory, not a database file")
         self.db = agentstate.open(self.db_path)
+        self.created = not exists
         click.get_current_context().call_on_close(self.db.close)
         return self.db
 
@@ -82,10 +104,14 @@ def parse_scope(text: str) -> tuple[str, str]:
 
 
 def parse_json(text: str, what: str) -> Any:
-    if text == "-":
-        text = click.get_text_stream("stdin").read()
     try:
+        if text == "-":
+            text = click.get_binary_stream("stdin").read().decode("utf-8")
         return json.loads(text)
+    except UnicodeDecodeError as e:
+        fail("invalid_value", f"{what} is not UTF-8: {e.reason} at byte {e.start}")
+    except RecursionError:
+        fail("invalid_value", f"{what} is nested too deeply")
     except ValueError as e:
         fail("invalid_value", f"{what} is not JSON: {e}")
 
@@ -359,8 +385,13 @@ def sessions_release(obj: Ctx, session_id: str, yes: bool) -> None:
     """End the session's active turn as failed (admin action)."""
     db = obj.open()
     db.sessions.get(session_id, ADMIN)
-    if not yes and not click.confirm(f"End the active turn of {session_id} as failed?"):
-        fail("aborted", "nothing released")
+    if not yes:
+        try:
+            confirmed = click.confirm(f"End the active turn of {session_id} as failed?")
+        except click.Abort:
+            confirmed = False
+        if not confirmed:
+            fail("aborted", "nothing released (confirm, or pass --yes)")
     t = db.sessions.release(session_id, ADMIN)
     obj.out(_turn_dict(t), f"released turn {t.id} ({t.status})")
 
