@@ -38,6 +38,9 @@ CREATE TABLE list_item (
     PRIMARY KEY (list_id, idx)
 ) STRICT, WITHOUT ROWID;
 
+-- No two keys share a list's items (and check() finds orphans by this index).
+CREATE UNIQUE INDEX kv_list ON kv (list_id) WHERE list_id IS NOT NULL;
+
 -- The last list_id handed out (one row): a new list takes the next one.
 CREATE TABLE list_seq (last INTEGER NOT NULL) STRICT;
 INSERT INTO list_seq VALUES (0);

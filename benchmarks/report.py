@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import statistics
 from typing import Any
 
@@ -352,6 +354,10 @@ def markdown(results: list[dict], meta: dict[str, Any]) -> str:
     L.append("None of these fails a test; they are stated, met or not.\n")
     for ok, txt in targets(results, names):
         L.append(f"- {'✅' if ok else ('❌' if ok is False else '➖')} {txt}")
+    analysis = Path(__file__).with_name("ANALYSIS.md")
+    if analysis.exists():  # written by people after profiling: what remains and why
+        L.append("\n## Where agentstate falls short, and why\n")
+        L.append(analysis.read_text(encoding="utf-8").strip() + "\n")
     L.append("\n## Headline ratios\n")
     L.append(headline(results, names))
     if meta.get("chart") is True:
