@@ -29,6 +29,17 @@ SET version = kv.version + 1, type = excluded.type, value = excluded.value, size
     updated_at = excluded.updated_at
 WHERE kv.type <> 'list'
 RETURNING version"""
+# Compare-and-set in one statement each: create only if absent, replace only
+# at the expected version (and not over a list, whose items need deleting).
+_CREATE_IF_ABSENT = f"""
+INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
+VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, NULL, NULL, ?6, ?7)
+ON CONFLICT (kind, scope_id, key) DO NOTHING
+RETURNING version"""
+_REPLACE_AT = """
+UPDATE kv SET version = version + 1, type = ?4, value = ?5, size = ?6, updated_at = ?7
+WHERE kind = ?1 AND scope_id = ?2 AND key = ?3 AND version = ?8 AND type <> 'list'
+RETURNING version"""
 _CREATE = f"""
 INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
 VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, ?6, ?7, ?8, ?9)
@@ -61,14 +72,6 @@ def get(c: apsw.Connection, kind: str, sid: str, key: str) -> Row | None:
     ).fetchone()
 
 
-def version(c: apsw.Connection, kind: str, sid: str, key: str) -> int:
-    """The current version of a key; 0 when absent."""
-    row = c.execute(
-        "SELECT version FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key)
-    ).fetchone()
-    return 0 if row is None else row[0]
-
-
 def _add_items(c: apsw.Connection, list_id: int, start: int, items: list[str]) -> None:
     if items:
         c.executemany(_ADD_ITEMS, [(list_id, start + i, t) for i, t in enumerate(items)])
@@ -87,8 +90,14 @@ def put(
 ) -> int:
     """Write a value (``items`` for a list); return the new version."""
     now = now_iso()
-    if if_version is None and items is None:
-        done = c.execute(_UPSERT, (kind, sid, key, type_, value, size, now)).fetchone()
+    if items is None:  # one statement, unless a list must be replaced or CAS failed
+        args = (kind, sid, key, type_, value, size, now)
+        if if_version is None:
+            done = c.execute(_UPSERT, args).fetchone()
+        elif if_version == 0:
+            done = c.execute(_CREATE_IF_ABSENT, args).fetchone()
+        else:
+            done = c.execute(_REPLACE_AT, (*args, if_version)).fetchone()
         if done is not None:
             return done[0]
     row = c.execute(_FIND, (kind, sid, key)).fetchone()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import _kv
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
                         encode, encode_items, prefix_ok)
-from .errors import InvalidValue, NotAList, TooLarge
+from .errors import InvalidValue, NotAList, TooLarge, VersionConflict
 
 if TYPE_CHECKING:
     from ._connection import Store
@@ -115,15 +115,19 @@ class Scope:
         check_key(key)
         with self._store.read() as c:
             row = _kv.get(c, self.kind, self.id, key)
-        seen = 0 if row is None else row[2]
         new = fn(default if row is None else _value(row))
         type_, stored, size, items = _encode_value(new)
         with self._store.write() as c:
-            now = _kv.version(c, self.kind, self.id, key)
-            if now != seen:  # lost the race: again, under the lock this time
-                row = _kv.get(c, self.kind, self.id, key)
-                new = fn(default if row is None else _value(row))
-                type_, stored, size, items = _encode_value(new)
+            try:  # the compare-and-set (it writes nothing when it refuses)
+                _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
+                        0 if row is None else row[2])
+                return new
+            except VersionConflict:
+                pass
+            # Lost the race: once more, under the write lock this time.
+            row = _kv.get(c, self.kind, self.id, key)
+            new = fn(default if row is None else _value(row))
+            type_, stored, size, items = _encode_value(new)
             _kv.put(c, self.kind, self.id, key, type_, stored, size, items, None)
         return new
 

@@ -24,3 +24,12 @@ def nested(depth: int) -> list:
     for _ in range(depth - 1):
         v = [v]
     return v
+
+
+def as_stored(v):
+    """What must come back for v: tuples are stored as lists."""
+    if isinstance(v, (list, tuple)):
+        return [as_stored(x) for x in v]
+    if isinstance(v, dict):
+        return {k: as_stored(x) for k, x in v.items()}
+    return v

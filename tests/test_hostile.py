@@ -15,7 +15,7 @@ from agentstate import AgentStateError
 from agentstate.cli import cli
 
 from .conftest import file_digest
-from .strategies import JSON, nested
+from .strategies import as_stored, JSON, nested
 
 MIB = 1024 * 1024
 ANY_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=40)
@@ -47,20 +47,12 @@ def attempt(db_path, fn):
         return False, None
 
 
-def plain(v):
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    return v
-
-
 @settings(max_examples=200)
 @given(kind=st.sampled_from(["session", "agent", "galaxy", ""]) | KEYISH, sid=KEYISH, key=KEYISH, value=HOSTILE)
 def test_put_anything(db, db_path, kind, sid, key, value):
     ok, _ = attempt(db_path, lambda: db.scope(kind, sid).put(key, value))
     if ok:
-        assert json.dumps(db.scope(kind, sid).get(key), sort_keys=True) == json.dumps(plain(value), sort_keys=True)
+        assert json.dumps(db.scope(kind, sid).get(key), sort_keys=True) == json.dumps(as_stored(value), sort_keys=True)
 
 
 @settings(max_examples=150)
@@ -71,7 +63,7 @@ def test_append_anything(db, db_path, key, items):
     if ok:
         assert r.length == s.length(key)
         if items:
-            assert s.slice(key, -len(items)) == plain(items)
+            assert s.slice(key, -len(items)) == as_stored(items)
 
 
 @settings(max_examples=150)
@@ -83,7 +75,7 @@ def test_run_write_anything(db, db_path, run_id, entries, snapshot, create):
         rec = db.runs.read(run_id)
         assert rec is not None
         if snapshot is not None:
-            assert rec.snapshot == plain(snapshot)
+            assert rec.snapshot == as_stored(snapshot)
 
 
 @settings(max_examples=100)

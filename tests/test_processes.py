@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import agentstate
 
 from . import workers
 
-CTX = mp.get_context("spawn")
-
-
-def _race(target, args_for):
-    start, results = CTX.Event(), CTX.Queue()
-    procs = [CTX.Process(target=target, args=(*args_for(w), start, results)) for w in range(4)]
-    for p in procs:
-        p.start()
-    start.set()
-    errors = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
-    return errors
-
-
 def test_four_processes_update_one_counter(db_path):
     """4 processes x 500 update() increments end at exactly 2,000, with no exception."""
     agentstate.open(db_path).close()
-    errors = _race(workers.increment, lambda w: (db_path, 500))
+    errors = workers.race(workers.increment, lambda w: (db_path, 500))
     assert errors == [0, 0, 0, 0]
     with agentstate.open(db_path) as db:
         assert db.scope("agent", "shared").get_versioned("counter") == (2000, 2000)
@@ -36,7 +18,7 @@ def test_four_processes_update_one_counter(db_path):
 def test_four_processes_append_to_one_list(db_path):
     """4 x 250 appends: all 1,000 items, each once, each process's items in its order."""
     agentstate.open(db_path).close()
-    errors = _race(workers.append, lambda w: (db_path, w, 250))
+    errors = workers.race(workers.append, lambda w: (db_path, w, 250))
     assert errors == [0, 0, 0, 0]
     with agentstate.open(db_path) as db:
         s = db.scope("session", "shared")

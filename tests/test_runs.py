@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import stat
 from datetime import timezone
@@ -129,16 +128,7 @@ def test_racing_writers_cannot_make_gaps_or_duplicates(db_path):
     """4 processes race to append to one run: seqs stay 0..n-1, each win stored once."""
     with agentstate.open(db_path) as db:
         db.runs.write("shared", [], None, create=True)
-    ctx = mp.get_context("spawn")
-    start, results = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=workers.history_writer, args=(db_path, w, 40, start, results))
-             for w in range(4)]
-    for p in procs:
-        p.start()
-    start.set()
-    out = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(60)
+    out = workers.race(workers.history_writer, lambda w: (db_path, w, 40))
     assert all(other == 0 for _, _, other in out)
     with agentstate.open(db_path) as db:
         entries = db.runs.read("shared").entries

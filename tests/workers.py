@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import agentstate
+
+
+def race(target, args_for, n: int = 4) -> list:
+    """Start n spawned processes on target(*args_for(w), start, results) together;
+    return what each put on results. Every process must exit 0."""
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args_for(w), start, results)) for w in range(n)]
+    for p in procs:
+        p.start()
+    start.set()
+    out = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * n
+    return out
 
 
 def increment(path: str, n: int, start, results) -> None:
