@@ -173,9 +173,9 @@ def _summ(xs: list[float]) -> dict[str, float] | None:
 
 def compute_stats(res: dict[str, Any]) -> None:
     """Median/min/max of each metric and of its per-round ratio to raw apsw."""
-    for d, row in res["cells"].items():
+    for row in res["cells"].values():
         base = row.get("apsw", {}).get("runs", [])
-        for name, cell in row.items():
+        for cell in row.values():
             cell["stats"], cell["ratio"] = {}, {}
             runs = cell["runs"]
             if not any(runs):

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import systems
-from .systems import NA
 
 _TEXT = "The quick brown fox jumps over the lazy dog; agents keep state between turns. " * 40
 

@@ -280,7 +280,7 @@ def test_state_bundle(db):
     assert db.scope("agent", "support-bot").get("visits") == 1
     only = db.state(session="s")
     with pytest.raises(AttributeError):
-        only.agent
+        _ = only.agent
     with pytest.raises(agentstate.InvalidKey):
         db.state(galaxy="g")
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import agentstate
 from agentstate import InvalidKey, InvalidValue, TooLarge
 
 from .conftest import file_digest
