@@ -17,6 +17,7 @@ MAX_KEY = 200
 MAX_VALUE = 1024 * 1024  # bytes of compact JSON, for a value and for a whole list
 MAX_DEPTH = 512  # [] is 1 level
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+_INFINITIES = (float("inf"), float("-inf"))
 SCOPE_KINDS = ("thread", "session", "agent", "user", "app")
 
 _KEY = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
@@ -79,6 +80,8 @@ def check_value(value: Any) -> None:
             raise InvalidValue(f"integer {value} is outside the signed 64-bit range")
         return
     # Containers and everything else: an explicit stack of (value, depth).
+    # Children of the common exact scalar types are checked in place; only
+    # containers (and anything unusual) go on the stack.
     stack = [(value, 1)]
     pop, push = stack.pop, stack.append
     while stack:
@@ -92,24 +95,34 @@ def check_value(value: Any) -> None:
             if not INT_MIN <= v <= INT_MAX:
                 raise InvalidValue(f"integer {v} is outside the signed 64-bit range")
         elif isinstance(v, float):
-            if v != v or v in (float("inf"), float("-inf")):
+            if v != v or v in _INFINITIES:
                 raise InvalidValue(f"{v} is not a JSON number")
-        elif isinstance(v, (list, tuple)):
+        elif isinstance(v, (list, tuple, dict)):
             if depth > MAX_DEPTH:
                 raise InvalidValue(f"nesting deeper than {MAX_DEPTH} levels")
             d = depth + 1
-            for item in v:
-                push((item, d))
-        elif isinstance(v, dict):
-            if depth > MAX_DEPTH:
-                raise InvalidValue(f"nesting deeper than {MAX_DEPTH} levels")
-            d = depth + 1
-            for k, item in v.items():
-                if not isinstance(k, str):
-                    raise InvalidValue(f"object keys must be strings, got {_show(k)}")
-                if "\x00" in k:
-                    raise InvalidValue("object keys may not contain NUL (U+0000)")
-                push((item, d))
+            if isinstance(v, dict):
+                for k in v:
+                    if not isinstance(k, str):
+                        raise InvalidValue(f"object keys must be strings, got {_show(k)}")
+                    if "\x00" in k:
+                        raise InvalidValue("object keys may not contain NUL (U+0000)")
+                children = v.values()
+            else:
+                children = v
+            for item in children:
+                t = type(item)
+                if t is str:
+                    if "\x00" in item:
+                        raise InvalidValue("strings may not contain NUL (U+0000)")
+                elif t is int:
+                    if not INT_MIN <= item <= INT_MAX:
+                        raise InvalidValue(f"integer {item} is outside the signed 64-bit range")
+                elif t is float:
+                    if item != item or item in _INFINITIES:
+                        raise InvalidValue(f"{item} is not a JSON number")
+                elif not (t is bool or item is None):
+                    push((item, d))
         else:
             raise InvalidValue(f"{type(v).__name__} is not a JSON value")
 
