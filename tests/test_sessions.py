@@ -155,10 +155,10 @@ def test_turn_context_manager(db):
 
 def test_lapsed_lease_frees_the_session_and_reads_expired(db):
     s = db.sessions.create(ALICE)
-    t = db.sessions.start_turn(s.id, ALICE, lease=0.2)
+    t = db.sessions.start_turn(s.id, ALICE, lease=30)  # long: a loaded machine is slow
     with pytest.raises(SessionBusy):
         db.sessions.start_turn(s.id, ALICE)
-    t.heartbeat(0.3)
+    t.heartbeat(0.3)  # now let it lapse
     time.sleep(0.35)
     assert db.sessions.get_turn(t.id, ALICE).status == "expired"
     t2 = db.sessions.start_turn(s.id, ALICE)
@@ -249,7 +249,7 @@ def test_killed_process_turn_expires_and_frees_the_session(db_path):
         with pytest.raises(SessionBusy) as e:
             db.sessions.start_turn(sid, ALICE)
         assert e.value.turn_id == dead_turn
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             try:
                 t = db.sessions.start_turn(sid, ALICE)

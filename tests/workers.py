@@ -92,7 +92,7 @@ def hold_turn_forever(path: str, session_id: str, ready) -> None:
     import time
 
     with agentstate.open(path) as db:
-        turn = db.sessions.start_turn(session_id, agentstate.Principal("alice"), lease=1.5)
+        turn = db.sessions.start_turn(session_id, agentstate.Principal("alice"), lease=4)
         ready.put(turn.id)
         while True:
             time.sleep(0.2)
