@@ -113,7 +113,8 @@ def parse_json(text: str, what: str) -> Any:
     except RecursionError:
         fail("invalid_value", f"{what} is nested too deeply")
     except ValueError as e:
-        fail("invalid_value", f"{what} is not JSON: {e}")
+        hint = " (a string needs JSON quotes: '\"hello\"')" if text[:1].isalpha() else ""
+        fail("invalid_value", f"{what} is not JSON: {e}{hint}")
 
 
 pass_obj = click.pass_obj
@@ -200,8 +201,9 @@ def get(obj: Ctx, scope: str, key: str) -> None:
     value, version = s.get_versioned(key)
     if version == 0:
         fail("not_found", f"no key {key!r} in {scope}")
-    obj.out({"key": key, "value": value, "version": version},
-            f"{show(value)}\n(version {version})")
+    obj.out({"key": key, "value": value, "version": version}, show(value))
+    if not obj.as_json:  # stdout stays pure JSON, to pipe into put
+        click.echo(f"(version {version})", err=True)
 
 
 @cli.command()
@@ -318,7 +320,10 @@ def runs_import(obj: Ctx, folder: str) -> None:
     results = obj.open(create=True).runs.import_runs(folder)
     obj.out([r._asdict() for r in results], "\n".join(
         f"{r.run_id}: error: {r.error}" if r.error else f"{r.run_id}: +{r.added} entries"
-        for r in results) or "no run folders found")
+        for r in results))
+    if not results:
+        fail("not_found", f"no run folders under {folder} (runs import takes the DIR that "
+                          "runs export wrote into: DIR/ID/log.jsonl)")
     failed = [r for r in results if r.error]
     if failed:
         fail("invalid_value", f"{len(failed)} of {len(results)} runs not imported: {failed[0].error}")
@@ -385,6 +390,8 @@ def sessions_release(obj: Ctx, session_id: str, yes: bool) -> None:
     """End the session's active turn as failed (admin action)."""
     db = obj.open()
     db.sessions.get(session_id, ADMIN)
+    if not any(t.status in ("queued", "running") for t in db.sessions.turns(session_id, ADMIN)):
+        fail("invalid_transition", f"session {session_id!r} has no active turn to release")
     if not yes:
         try:
             confirmed = click.confirm(f"End the active turn of {session_id} as failed?")
@@ -415,7 +422,7 @@ def demo(obj: Ctx) -> None:
         "",
         "Look at it with the sqlite3 shell:",
         f"  sqlite3 {r['path']} \"SELECT kind, scope_id, key, version, length FROM state\"",
-        f"  sqlite3 {r['path']} \"SELECT json_extract(value, '$[#-1].agent') FROM state "
+        f"  sqlite3 {r['path']} \"SELECT json_extract(value, '\\$[#-1].agent') FROM state "
         f"WHERE kind = 'session' AND key = 'history'\"",
     ])
     obj.out(r, human)

@@ -60,7 +60,7 @@ def test_put_get_append_delete_keys_json(db_path):
 def test_human_output(db_path):
     run(db_path, "put", "app:a", "k", '"é"')
     r = run(db_path, "get", "app:a", "k")
-    assert r.output == '"é"\n(version 1)\n'
+    assert r.stdout == '"é"\n' and r.stderr == "(version 1)\n"  # stdout pipes into put
     r = run(db_path, "info")
     lines = r.output.splitlines()
     assert lines[0].split() == ["path", db_path]
