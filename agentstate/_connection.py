@@ -1,7 +1,8 @@
 """The connection layer: opening, pragmas, schema and migrations, transactions.
 
 One apsw connection per thread (a connection carries one transaction at a
-time), reopened after ``fork()``. Every write goes through :meth:`Store.write`:
+time), closed when its thread ends; a ``fork()``ed child closes the ones it
+inherited and opens its own. Every write goes through :meth:`Store.write`:
 ``BEGIN IMMEDIATE`` so a writer takes the write lock up front (a deferred
 transaction that upgrades later can fail with SQLITE_BUSY regardless of the
 timeout), ROLLBACK on any exception, COMMIT only on success, and SAVEPOINTs

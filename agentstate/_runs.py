@@ -186,11 +186,6 @@ class RunStore:
             ))
         return out
 
-    def get(self, run_id: str) -> SavedState | None:
-        """One run's summary, or None."""
-        check_key(run_id, "run id")
-        return next((s for s in self.list() if s.id == run_id), None)
-
     def load(self, run_id: str) -> Record:
         """The run ready to resume: interrupted tool calls get a synthetic result.
 

@@ -172,19 +172,29 @@ def vs_peer(res: dict, d: str, peer: str, m: str) -> dict | None:
     return {"median": statistics.median(rs), "min": min(rs), "max": max(rs), "n": len(rs)}
 
 
+def _table_head(lines: list[str], head: list[str]) -> None:
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+
+
+def _rows(hm: list[tuple[dict, str]], d: str):
+    """(result, metric, the durability its cells are under) for each headline metric;
+    a workload measured once (cold open) is shown under FULL only."""
+    for res, m in hm:
+        dd = d if d in res["cells"] else next(iter(res["cells"]))
+        if dd != d and d == "normal":
+            continue
+        yield res, m, dd
+
+
 def headline(results: list[dict], names: list[str]) -> str:
     lines = []
     hm = headline_metrics(results)
     peers = [n for n in names if n not in ("agentstate", "apsw")]
     for d in ("full", "normal"):
         lines.append(f"\n**{DUR_LABEL[d]}** — each system's speed ÷ raw apsw's (median, min–max over rounds)\n")
-        head = ["workload"] + [_label(n) for n in names if n != "apsw"]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        for res, m in hm:
-            dd = d if d in res["cells"] else next(iter(res["cells"]))
-            if dd != d and d == "normal":
-                continue
+        _table_head(lines, ["workload"] + [_label(n) for n in names if n != "apsw"])
+        for res, m, dd in _rows(hm, d):
             row = res["cells"][dd]
             cells = [_short(res, m)]
             for n in names:
@@ -195,13 +205,8 @@ def headline(results: list[dict], names: list[str]) -> str:
                              else _brief(c["status"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append(f"\n**{DUR_LABEL[d]}** — agentstate's speed ÷ each peer's, same round (>1: agentstate ahead)\n")
-        head = ["workload"] + [_label(n) for n in peers]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        for res, m in hm:
-            dd = d if d in res["cells"] else next(iter(res["cells"]))
-            if dd != d and d == "normal":
-                continue
+        _table_head(lines, ["workload"] + [_label(n) for n in peers])
+        for res, m, dd in _rows(hm, d):
             cells = [_short(res, m)]
             for p in peers:
                 v = vs_peer(res, dd, p, m)
