@@ -3,6 +3,7 @@
 One SQLite file in WAL mode; many local processes share it safely.
 """
 
+from ._batch import Batch
 from ._database import Database, open
 from ._runs import Record, RunStore, SavedState
 from ._sessions import Principal, SessionInfo, Sessions, Turn
@@ -26,6 +27,7 @@ from .errors import (
     SessionBusy,
     StorageError,
     TooLarge,
+    UsageError,
     VersionConflict,
 )
 
@@ -34,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentStateError",
     "Appended",
+    "Batch",
     "Busy",
     "Closed",
     "Damaged",
@@ -62,6 +65,7 @@ __all__ = [
     "ThreadStateClient",
     "ThreadStateStore",
     "TooLarge",
+    "UsageError",
     "VersionConflict",
     "Versioned",
     "open",

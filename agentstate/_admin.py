@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from ._connection import SCHEMA_VERSION, translate
-from .errors import AgentStateError, StorageError
+from ._connection import SCHEMA_VERSION, fs_path, translate
+from .errors import AgentStateError, StorageError, UsageError
 
 if TYPE_CHECKING:
     from ._connection import Store
@@ -126,7 +126,8 @@ def backup(store: Store, dest: str, progress: Callable[[int, int], None] | None 
     connection writes, so after a few restarts the rest is copied in one step
     (one read transaction: consistent, and it does not block WAL writers).
     """
-    dest = os.path.abspath(dest)
+    _not_in_transaction(store, "back up")
+    dest = os.path.abspath(fs_path(dest))
     if os.path.exists(dest):
         raise StorageError(f"{dest} exists already; backup writes a new file")
     try:
@@ -166,7 +167,17 @@ def backup(store: Store, dest: str, progress: Callable[[int, int], None] | None 
     return dest
 
 
+def _not_in_transaction(store: Store, what: str) -> None:
+    store.conn()  # Closed first
+    if store.in_write():
+        raise UsageError(
+            f"cannot {what} inside transaction(): it needs the database outside any write "
+            "transaction of this thread; call it after the block"
+        )
+
+
 def vacuum(store: Store) -> dict[str, int]:
+    _not_in_transaction(store, "vacuum")
     before = os.path.getsize(store.path)
     try:
         c = store.conn()

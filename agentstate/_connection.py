@@ -12,6 +12,7 @@ where they enter the library.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 import threading
@@ -25,7 +26,8 @@ from typing import Any
 
 import apsw
 
-from .errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError
+from .errors import (AgentStateError, Busy, Closed, Damaged, InvalidValue, SchemaTooNew, StorageError,
+                     UsageError)
 
 APPLICATION_ID = 1634952052  # 'agst'
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -114,6 +116,20 @@ def translate(e: apsw.Error) -> AgentStateError:
     return StorageError(f"storage error: {type(e).__name__}: {e}")
 
 
+def fs_path(path: str | bytes | os.PathLike[Any]) -> str:
+    """A path SQLite can open: SQLite takes UTF-8 names, so others are refused up front."""
+    p = os.fsdecode(os.fspath(path))
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidValue(
+            f"the path {p!r} is not valid UTF-8: SQLite cannot open it; rename it"
+        ) from None
+    if "\x00" in p:
+        raise InvalidValue("a path cannot contain NUL")
+    return p
+
+
 def default_path() -> str:
     return os.environ.get("AGENTSTATE_DB") or "agentstate.db"
 
@@ -125,7 +141,7 @@ class Store:
         self, path: str | os.PathLike[str], durability: str, busy_timeout: float,
         vfs: str | None = None,
     ) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(fs_path(path))
         self.durability = durability
         self.busy_ms = max(0, int(busy_timeout * 1000))
         self.vfs = vfs
@@ -134,6 +150,13 @@ class Store:
         self._conns: list[apsw.Connection] = []
         self._pid = os.getpid()
         self._closed = False
+        # The transaction the running code is inside of: a token per
+        # outermost BEGIN, [True] while it is open. A thread's connection
+        # carries one transaction, but asyncio tasks on one thread interleave:
+        # a call from a task that did not open the transaction must not
+        # silently join it (and vanish with its rollback).
+        self._txn: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+            "agentstate_txn", default=None)
         if self.path in _tainted:
             raise StorageError(
                 f"{self.path} was in use by another thread when this process was forked: "
@@ -196,9 +219,16 @@ class Store:
         if app not in (0, APPLICATION_ID):
             raise Damaged(f"{self.path} is an SQLite file of another application (id {app})")
         # Before anything is written (the WAL switch rewrites the header): a
-        # file without our schema must be empty to become ours.
+        # file without our schema must be empty to become ours, and a file
+        # with a schema version must carry our application id (the schema
+        # sets both in one transaction), whatever its user_version.
         if version == 0 and c.execute("SELECT count(*) FROM sqlite_schema").get:
             raise Damaged(f"{self.path} is an SQLite database but not an agentstate one")
+        if version != 0 and app != APPLICATION_ID:
+            raise Damaged(
+                f"{self.path} is an SQLite database of another application (user_version "
+                f"{version}, no agentstate application id)"
+            )
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(
                 f"{self.path} has schema version {version}; this agentstate knows up to "
@@ -227,6 +257,7 @@ class Store:
 
     def conn(self) -> apsw.Connection:
         if self._closed:
+            self.drop_local()
             raise Closed(f"the database {self.path} is closed")
         c = getattr(self._local, "conn", None)
         if c is None:
@@ -246,7 +277,37 @@ class Store:
             self._local.holder = holder
             self._local.conn = c
             self._local.depth = 0
+            self._local.owner = None
         return c
+
+    def drop_local(self) -> None:
+        """After close(): close this thread's connection if close() could not (it was busy)."""
+        c = getattr(self._local, "conn", None)
+        if c is not None and os.getpid() == self._pid:
+            self._local.conn = None
+            try:
+                c.close(True)
+            except apsw.Error:
+                pass
+
+    def check_owner(self) -> None:
+        """Refuse a call from code that is not inside this thread's open transaction."""
+        local = self._local
+        if local.depth:
+            if self._txn.get() is not local.owner:
+                raise Busy(
+                    "another task on this thread has an open transaction() on this database; "
+                    "a call from outside its block would join it (and be lost if it rolls back): "
+                    "await its end, or run this call in another thread (the async twins do)"
+                )
+        else:
+            tok = self._txn.get()
+            if tok is not None and tok[0]:
+                raise UsageError(
+                    "this call runs in another thread than the transaction() it is inside of "
+                    "(an async twin, or a thread started in the block), so it cannot join it "
+                    "and would wait for it forever: use the plain calls inside transaction()"
+                )
 
     def _after_fork(self, pid: int) -> None:
         """In a fork()ed child: drop the parent's connections (see _after_fork_in_child)."""
@@ -266,6 +327,8 @@ class Store:
                 _tainted.add(self.path)
 
     def close(self) -> None:
+        """Close every connection. One in use by another thread at this moment
+        cannot be closed from here: that thread closes it as its call returns."""
         with self._lock:
             if self._closed:
                 return
@@ -312,6 +375,8 @@ class Store:
                 c.execute("COMMIT")
             except apsw.Error:
                 pass
+            if self._closed:
+                self.drop_local()
 
     def in_write(self) -> bool:
         return bool(getattr(self._local, "depth", 0))
@@ -329,25 +394,45 @@ class _Write:
     error ``outcome_unknown``: its WAL frames may already be on disk.
     """
 
-    __slots__ = ("store", "c", "depth")
+    __slots__ = ("store", "c", "depth", "token", "reset")
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
     def __enter__(self) -> apsw.Connection:
-        c = self.c = self.store.conn()
-        local = self.store._local
+        store = self.store
+        c = self.c = store.conn()
+        local = store._local
         depth = self.depth = local.depth
+        store.check_owner()
         try:
             c.execute("SAVEPOINT w" if depth else "BEGIN IMMEDIATE")
         except apsw.Error as e:
             raise translate(e) from None
+        if not depth:
+            self.token = local.owner = [True]
+            self.reset = store._txn.set(self.token)
         local.depth = depth + 1
         return c
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        c, depth = self.c, self.depth
-        self.store._local.depth = depth
+        c, depth, store = self.c, self.depth, self.store
+        store._local.depth = depth
+        if not depth:
+            self.token[0] = False
+            store._local.owner = None
+            try:
+                store._txn.reset(self.reset)
+            except ValueError:  # left in another context than it was entered in
+                store._txn.set(None)
+        try:
+            self._end(c, depth, exc)
+        finally:
+            if not depth and store._closed:
+                store.drop_local()
+
+    @staticmethod
+    def _end(c: apsw.Connection, depth: int, exc: BaseException | None) -> None:
         if exc is not None:
             try:
                 c.execute("ROLLBACK TO w; RELEASE w" if depth else "ROLLBACK")
@@ -359,11 +444,11 @@ class _Write:
         try:
             c.execute("RELEASE w" if depth else "COMMIT")
         except apsw.Error as e:
-            if not depth and c.in_transaction:
-                try:
+            try:
+                if not depth and c.in_transaction:
                     c.execute("ROLLBACK")
-                except apsw.Error:
-                    pass
+            except apsw.Error:  # closed meanwhile (db.close()): nothing to roll back here
+                pass
             err = translate(e)
             if not depth and isinstance(e, (apsw.IOError, apsw.FullError)):
                 # The commit's WAL frames may be written before the fsync that
@@ -381,8 +466,15 @@ class _Read:
         self.store = store
 
     def __enter__(self) -> apsw.Connection:
-        return self.store.conn()
+        store = self.store
+        c = store.conn()
+        if store._local.depth:
+            store.check_owner()
+        return c
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        store = self.store
+        if store._closed and not store._local.depth:
+            store.drop_local()
         if isinstance(exc, apsw.Error):
             raise translate(exc) from None

@@ -10,7 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import _admin
-from ._connection import Store, default_path
+from ._connection import Store, default_path, fs_path
+from ._batch import Batch
 from ._scope import Scope, State
 from .errors import Closed, InvalidValue
 
@@ -47,6 +48,7 @@ class Database:
 
     def _check_open(self) -> None:
         if self._store.closed:
+            self._store.drop_local()  # one close() found busy in this thread
             raise Closed(f"the database {self.path} is closed")
 
     def scope(self, kind: str, scope_id: str) -> Scope:
@@ -67,6 +69,15 @@ class Database:
         """
         with self._store.write():
             yield self
+
+    @contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Collect writes (``b.scope(kind, id).put/delete/append``) and apply them all or
+        none when the block exits; the first refusal raises. ``b.results`` then holds
+        each write's return value. An exception in the block applies nothing."""
+        b = Batch(self)
+        yield b
+        b.apply()
 
     @property
     def runs(self) -> Any:
@@ -143,7 +154,7 @@ def open(
     """
     try:
         options = Options(
-            path=os.fspath(path) if path is not None else default_path(),
+            path=fs_path(path) if path is not None else default_path(),
             durability=durability,
             busy_timeout=busy_timeout,
             vfs=vfs,

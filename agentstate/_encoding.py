@@ -43,6 +43,11 @@ def check_key(key: Any, what: str = "key") -> str:
     return key
 
 
+def is_key(s: str) -> bool:
+    """Whether a string follows the key rules (ids that cannot exist need no lookup)."""
+    return _KEY.fullmatch(s) is not None
+
+
 def check_int(name: str, v: Any, lo: int = 0) -> int:
     """An int in [lo, 2**63-1] (what SQLite can bind); else InvalidValue."""
     if type(v) is not int or not lo <= v <= INT_MAX:
@@ -176,6 +181,22 @@ def encode_items(items: Any, limit: int = MAX_VALUE) -> tuple[list[str], int]:
 def list_size(n: int, item_bytes: int) -> int:
     """Bytes of the compact JSON of a list of ``n`` items of ``item_bytes`` in all."""
     return 2 + item_bytes + (n - 1 if n else 0)
+
+
+_canonical = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+
+
+def canonical(value: Any) -> str:
+    """One text per JSON value: objects by sorted keys; true, 1 and 1.0 stay three values.
+
+    Python's ``==`` would call ``{"a": 1}`` and ``{"a": True}`` equal; JSON does not.
+    """
+    return _canonical(value)
+
+
+def same_json(a: str, b: str) -> bool:
+    """Whether two stored JSON texts hold the same JSON value."""
+    return a == b or canonical(_loads(a)) == canonical(_loads(b))
 
 
 def decode(data: str | bytes) -> Any:

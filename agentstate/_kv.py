@@ -176,6 +176,34 @@ def append(
     return length + n, version
 
 
+def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]:
+    """Remove the last ``n`` items of a list; return their texts in list order and the version."""
+    row = c.execute(_FIND, (kind, sid, key)).fetchone()
+    if row is None:
+        return [], 0
+    version, type_, list_id, length, size = row
+    if type_ != "list":
+        raise NotAList(f"{kind}:{sid} {key} holds a {type_} value, not a list")
+    k = min(n, length)
+    if k == 0:
+        return [], version
+    rows = c.execute(
+        "DELETE FROM list_item WHERE list_id = ? AND idx >= ? RETURNING idx, item",
+        (list_id, length - k),
+    ).fetchall()
+    rows.sort()
+    removed = [r[1] for r in rows]
+    left = length - k
+    # The JSON of the list loses the items' bytes and one comma each (SPEC §2 size).
+    new_size = 2 if left == 0 else size - sum(len(t.encode("utf-8")) for t in removed) - k
+    c.execute(
+        """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7
+           WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
+        (kind, sid, key, version + 1, left, new_size, now_iso()),
+    )
+    return removed, version + 1
+
+
 def slice_items(
     c: apsw.Connection, kind: str, sid: str, key: str, start: int, stop: int | None
 ) -> list[str] | None:

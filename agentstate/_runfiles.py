@@ -110,8 +110,11 @@ def _write_run(runs: RunStore, run_id: str, entries: list[Any], snapshot: Any) -
     """Continue the run, or create it; retried if another writer creates or deletes it."""
     for _ in range(3):
         before = runs._next_seq(run_id)
+        # An export that adds nothing to a stored run is older than it (or the
+        # same): its snapshot must not replace the newer one.
+        stale = before is not None and all(e["seq"] < before for e in entries)
         try:
-            runs.write(run_id, entries, snapshot, create=before is None)
+            runs.write(run_id, entries, None if stale else snapshot, create=before is None)
         except (RunExists, RunNotFound):
             continue
         return (runs._next_seq(run_id) or 0) - (before or 0)

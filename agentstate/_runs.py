@@ -13,7 +13,7 @@ from pydantic.dataclasses import dataclass
 
 from . import _runfiles
 from . import _runs_repo as repo
-from ._encoding import check_int, check_key, decode, encode
+from ._encoding import canonical, check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
 if TYPE_CHECKING:
@@ -167,11 +167,11 @@ class RunStore:
         with self._store.read() as c:
             return _decode_entries(repo.tail(c, run_id, n))
 
-    def delete(self, run_id: str) -> None:
-        """Remove the run, its history and snapshot; nothing if absent."""
+    def delete(self, run_id: str) -> bool:
+        """Remove the run, its history and snapshot; nothing if absent. True if it existed."""
         check_key(run_id, "run id")
         with self._store.write() as c:
-            repo.delete(c, run_id)
+            return repo.delete(c, run_id)
 
     def list(self) -> list[SavedState]:
         """Every run, most recently updated first (their histories are not read)."""
@@ -277,5 +277,6 @@ class RunStore:
     afork = _aversion(fork)
 
 
-def _hashable(v: Any) -> Any:
-    return (type(v).__name__, v if isinstance(v, (str, int, float, bool)) else repr(v))
+def _hashable(v: Any) -> str:
+    """call_ids match when they are the same JSON value (objects in any key order)."""
+    return canonical(v)

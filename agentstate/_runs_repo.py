@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import apsw
 
 from ._connection import now_iso
+from ._encoding import same_json
 from .errors import HistoryGap, RunExists, RunNotFound
 
 
@@ -74,7 +74,7 @@ def _check_resent(c: apsw.Connection, run_id: str, old: list[tuple[int, str]]) -
     ).fetchall())
     for seq, text in old:
         have = stored.get(seq)
-        if have != text and (have is None or json.loads(have) != json.loads(text)):
+        if have is None or not same_json(have, text):
             raise HistoryGap(
                 f"run {run_id!r}: seq {seq} is already stored with a different entry "
                 "(another writer got there first)"

@@ -6,13 +6,16 @@ turn stored text back into values.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _kv
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
                         encode, encode_items, prefix_ok)
-from .errors import InvalidValue, NotAList, TooLarge, VersionConflict
+from .errors import Damaged, InvalidValue, NotAList, TooLarge, VersionConflict
 
 if TYPE_CHECKING:
     from ._connection import Store
@@ -42,9 +45,19 @@ def _check_index(name: str, i: Any) -> None:
 
 def _value(row: tuple[Any, ...]) -> Any:
     type_, value, _version, items = row
+    if type_ == "bytes":
+        return decode(value)  # any bytes may be stored: JSONDecodeError if not JSON (SPEC §2)
     if type_ == "list":
-        return decode(f"[{items}]" if items is not None else "[]")
-    return decode(value)
+        return _stored(f"[{items or ''}]")
+    return _stored(value)
+
+
+def _stored(text: str) -> Any:
+    """Parse JSON that agentstate stored: if it does not parse, someone changed it by hand."""
+    try:
+        return decode(text)
+    except ValueError as e:
+        raise Damaged(f"a stored value is not valid JSON (changed outside agentstate?): {e}") from None
 
 
 def _encode_value(value: Any) -> tuple[str, Any, int, list[str] | None]:
@@ -54,6 +67,19 @@ def _encode_value(value: Any) -> tuple[str, Any, int, list[str] | None]:
         return "list", None, size, items
     text, size = encode(value)
     return "json", text, size, None
+
+
+def _async(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The async twin of a Scope method: the call runs in a worker thread, so the
+    event loop never waits on SQLite (a lock, an fsync)."""
+
+    @functools.wraps(fn)
+    async def twin(self: Scope, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, self, *args, **kwargs)
+
+    twin.__name__ = twin.__qualname__ = "a" + fn.__name__
+    twin.__doc__ = f"Async twin of ``{fn.__name__}``: the same, in a worker thread.\n\n{fn.__doc__}"
+    return twin
 
 
 class Scope:
@@ -142,6 +168,18 @@ class Scope:
         with self._store.write() as c:
             return Appended(*_kv.append(c, self.kind, self.id, key, texts, size))
 
+    def pop(self, key: str, n: int = 1) -> list[Any]:
+        """Remove the last ``n`` items of the list ``key`` and return them in list order.
+
+        Fewer when the list is shorter; [] when absent. Atomic; the version rises
+        when something was removed. :raises NotAList: the key holds another kind of value.
+        """
+        check_key(key)
+        check_int("n", n)
+        with self._store.write() as c:
+            texts, _version = _kv.pop(c, self.kind, self.id, key, n)
+        return _stored("[" + ",".join(texts) + "]") if texts else []
+
     def slice(self, key: str, start: int = 0, stop: int | None = None) -> list[Any]:
         """``list[start:stop]`` with Python's slice rules; [] when absent.
 
@@ -155,7 +193,7 @@ class Scope:
             texts = _kv.slice_items(c, self.kind, self.id, key, start, stop)
         if texts is None:
             raise NotAList(f"{self.kind}:{self.id} {key} does not hold a list")
-        return decode("[" + ",".join(texts) + "]")
+        return _stored("[" + ",".join(texts) + "]")
 
     def length(self, key: str) -> int:
         """Items in the list ``key``; 0 when absent. :raises NotAList:"""
@@ -171,8 +209,8 @@ class Scope:
 
         ``after`` returns only keys after that one (for paging); ``limit`` caps the count.
         """
-        if after is not None and type(after) is not str:
-            raise InvalidValue(f"after must be a string or None, got {after!r}")
+        if after is not None and after != "":
+            check_key(after, "after")  # a key from an earlier page
         if limit is not None:
             check_int("limit", limit)
         if not prefix_ok(prefix):
@@ -206,6 +244,40 @@ class Scope:
         if type_ == "list":
             return f"[{items or ''}]".encode("utf-8")
         return value.encode("utf-8")
+
+
+    # -- async twins: each runs its plain twin in a worker thread ----------------
+
+    aget = _async(get)
+    aget_versioned = _async(get_versioned)
+    aput = _async(put)
+    adelete = _async(delete)
+    aappend = _async(append)
+    apop = _async(pop)
+    aslice = _async(slice)
+    alength = _async(length)
+    alist = _async(list)
+    aput_bytes = _async(put_bytes)
+    aget_bytes = _async(get_bytes)
+
+    async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
+        """The async twin of :meth:`update`; ``fn`` may be a plain or an async function.
+
+        ``fn`` runs on the event loop; reads and writes run in a worker thread.
+        Compare-and-set: read with the version, call ``fn``, write with
+        ``if_version``; on a conflict, again with the fresh value.
+        """
+        check_key(key)
+        while True:
+            current, version = await self.aget_versioned(key)
+            new = fn(default if version == 0 else current)
+            if inspect.isawaitable(new):
+                new = await new
+            try:
+                await self.aput(key, new, if_version=version)
+                return new
+            except VersionConflict:
+                continue
 
 
 class State:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic.dataclasses import dataclass
 
 from . import _sessions_repo as repo
-from ._encoding import check_key, decode, encode
+from ._encoding import check_key, decode, encode, is_key
 from ._runs import parse_time
 from ._scope import Scope
 from .errors import Forbidden, InvalidTransition, InvalidValue, NotFound
@@ -61,6 +61,15 @@ def _lease(lease: Any) -> float:
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < 1e9:
         raise InvalidValue(f"lease must be a positive number of seconds, got {lease!r}")
     return float(lease)
+
+
+def storable_text(v: Any) -> str:
+    """Any text as valid, NUL-free UTF-8: lone surrogates (an os.fsdecode'd file name)
+    and NUL become backslash escapes, so storing an error's text can never fail."""
+    text = str(v)
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")
 
 
 def _info(row: tuple[Any, ...]) -> SessionInfo:
@@ -118,8 +127,8 @@ class Turn:
                           result=_json_or_none(result))
 
     def fail(self, error: Any) -> Turn:
-        """running or resuming -> failed, with the error's text."""
-        return self._move(("running", "resuming"), "failed", "fail", None, error=str(error))
+        """running or resuming -> failed, with the error's text (stored escaped if need be)."""
+        return self._move(("running", "resuming"), "failed", "fail", None, error=storable_text(error))
 
 
 class Sessions:
@@ -189,11 +198,25 @@ class Sessions:
         try:
             yield t
         except BaseException as e:
-            if t.refresh().status in ("running", "resuming"):
-                t.fail(f"{type(e).__name__}: {e}")
+            # The caller's exception is what propagates, whatever recording it meets
+            # (the session deleted meanwhile, the database closed, ...).
+            try:
+                if t.refresh().status in ("running", "resuming"):
+                    t.fail(f"{type(e).__name__}: {e}")
+            except Exception as inner:
+                e.add_note(f"agentstate: turn {t.id} could not be marked failed: "
+                           f"{type(inner).__name__}: {inner}")
             raise
-        if t.refresh().status in ("running", "resuming"):
+        status = t.refresh().status
+        if status in ("running", "resuming"):
             t.finish()
+        elif status == "expired":
+            # The lease lapsed while the block ran: another turn may have run
+            # meanwhile, so this one did not finish as its caller thinks.
+            raise InvalidTransition(
+                f"turn {t.id} expired before its block ended (its lease of {t.lease:g} s lapsed; "
+                "call turn.heartbeat() in long blocks): it is not finished"
+            )
 
     def get_turn(self, turn_id: str, principal: Principal) -> Turn:
         p = _principal(principal)
@@ -243,14 +266,14 @@ class Sessions:
 
     def _check(self, session_id: Any, principal: Any) -> Principal:
         p = _principal(principal)
-        if type(session_id) is not str:
-            raise NotFound(f"no session {session_id!r}")
+        if type(session_id) is not str or not is_key(session_id):
+            raise NotFound(f"no session {session_id!r}")  # no such id can exist
         return p
 
     @staticmethod
     def _visible_turn(c: Any, turn_id: Any, p: Principal) -> tuple[Any, ...]:
         """The turn's row if ``p`` may see its session; NotFound alike for unknown and others'."""
-        row = repo.turn_row(c, turn_id) if type(turn_id) is str else None
+        row = repo.turn_row(c, turn_id) if type(turn_id) is str and is_key(turn_id) else None
         if row is None:
             raise NotFound(f"no turn {turn_id!r}")
         try:

@@ -17,6 +17,7 @@ import click
 import agentstate
 
 from . import _demo
+from ._encoding import check_key, check_kind, encode, encode_items
 
 ADMIN = agentstate.Principal("agentstate-cli", admin=True)
 
@@ -29,33 +30,21 @@ class Group(click.Group):
     """Turns every error of the library (or the file system) into one line and exit 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        # A refused command never deletes a file: once created, another process
+        # may have opened it and written to it. Commands that create the file
+        # check their input first (validate_first), so bad input creates none.
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
-            self._forget_new_file(ctx)
             raise
         except agentstate.AgentStateError as e:
-            self._forget_new_file(ctx)
             fail(e.code, str(e))
         except json.JSONDecodeError as e:
             fail("invalid_value", f"stored bytes are not JSON: {e}")
         except OSError as e:
             fail("storage_error", f"{e.filename or ''}: {e.strerror or e}")
         except Exception as e:  # never a traceback (SPEC §7): one line, exit 1
-            self._forget_new_file(ctx)
             fail("error", f"{type(e).__name__}: {e}")
-
-    @staticmethod
-    def _forget_new_file(ctx: click.Context) -> None:
-        """A refused put or append leaves no new database file behind."""
-        obj = ctx.obj
-        if isinstance(obj, Ctx) and obj.created and obj.db is not None:
-            obj.db.close()
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    os.unlink(obj.db.path + suffix)
-                except OSError:
-                    pass
 
 
 class Ctx:
@@ -63,7 +52,6 @@ class Ctx:
         self.db_path = db_path or os.environ.get("AGENTSTATE_DB") or "agentstate.db"
         self.as_json = as_json
         self.db: agentstate.Database | None = None
-        self.created = False
 
     def open(self, create: bool = False) -> agentstate.Database:
         exists = os.path.exists(self.db_path)
@@ -72,7 +60,6 @@ class Ctx:
         if os.path.isdir(self.db_path):
             fail("storage_error", f"{self.db_path} is a directory, not a database file")
         self.db = agentstate.open(self.db_path)
-        self.created = not exists
         click.get_current_context().call_on_close(self.db.close)
         return self.db
 
@@ -117,7 +104,21 @@ def parse_json(text: str, what: str) -> Any:
         fail("invalid_value", f"{what} is not JSON: {e}{hint}")
 
 
+def validate_first(kind: str, sid: str, key: str, **what: Any) -> None:
+    """Refuse bad input before a command creates the database file."""
+    check_kind(kind)
+    check_key(sid, "scope id")
+    check_key(key)
+    if "value" in what:
+        v = what["value"]
+        encode_items(v) if isinstance(v, list) else encode(v)
+    if "items" in what:
+        encode_items(what["items"])
+
+
 pass_obj = click.pass_obj
+# Values and keys may start with '-' (-0.5, -5, "-x"): such arguments are not options.
+ARGS = {"ignore_unknown_options": True}
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -164,7 +165,7 @@ def check(obj: Ctx) -> None:
         sys.exit(1)
 
 
-@cli.command()
+@cli.command(context_settings=ARGS)
 @click.argument("dest", type=click.Path(dir_okay=False))
 @pass_obj
 def backup(obj: Ctx, dest: str) -> None:
@@ -191,7 +192,7 @@ def vacuum(obj: Ctx) -> None:
 
 # -- keys -------------------------------------------------------------------
 
-@cli.command()
+@cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.argument("key")
 @pass_obj
@@ -206,7 +207,7 @@ def get(obj: Ctx, scope: str, key: str) -> None:
         click.echo(f"(version {version})", err=True)
 
 
-@cli.command()
+@cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.argument("key")
 @click.argument("value")
@@ -216,11 +217,12 @@ def put(obj: Ctx, scope: str, key: str, value: str, if_version: int | None) -> N
     """Set KEY in SCOPE to the JSON VALUE (- reads it from stdin)."""
     kind, sid = parse_scope(scope)
     v = parse_json(value, "VALUE")
+    validate_first(kind, sid, key, value=v)
     version = obj.open(create=True).scope(kind, sid).put(key, v, if_version=if_version)
     obj.out({"version": version}, f"version {version}")
 
 
-@cli.command()
+@cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.argument("key")
 @click.argument("items")
@@ -231,11 +233,12 @@ def append(obj: Ctx, scope: str, key: str, items: str) -> None:
     v = parse_json(items, "ITEMS")
     if not isinstance(v, list):
         fail("invalid_value", "ITEMS must be a JSON list, e.g. '[1, 2]'")
+    validate_first(kind, sid, key, items=v)
     r = obj.open(create=True).scope(kind, sid).append(key, v)
     obj.out({"length": r.length, "version": r.version}, f"length {r.length}, version {r.version}")
 
 
-@cli.command()
+@cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.argument("key")
 @click.option("--if-version", type=click.IntRange(min=0), help="Delete only if the version is this.")
@@ -247,7 +250,7 @@ def delete(obj: Ctx, scope: str, key: str, if_version: int | None) -> None:
     obj.out({"deleted": deleted}, "deleted" if deleted else f"no key {key!r} in {scope}")
 
 
-@cli.command()
+@cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.option("--prefix", default="", help="Only keys starting with this (literally).")
 @pass_obj
@@ -277,7 +280,7 @@ def runs_list(obj: Ctx) -> None:
                           r.updated_at.strftime("%Y-%m-%d %H:%M:%S")) for r in rs]))
 
 
-@runs.command("show")
+@runs.command("show", context_settings=ARGS)
 @click.argument("run_id")
 @click.option("--tail", "n", type=click.IntRange(min=0), help="Only the last N entries.")
 @pass_obj
@@ -293,16 +296,16 @@ def runs_show(obj: Ctx, run_id: str, n: int | None) -> None:
                        f"snapshot: {show(rec.snapshot)}"] + [show(e) for e in entries]))
 
 
-@runs.command("delete")
+@runs.command("delete", context_settings=ARGS)
 @click.argument("run_id")
 @pass_obj
 def runs_delete(obj: Ctx, run_id: str) -> None:
     """Remove a run."""
-    obj.open().runs.delete(run_id)
-    obj.out({"deleted": run_id}, f"deleted run {run_id}")
+    deleted = obj.open().runs.delete(run_id)
+    obj.out({"deleted": deleted}, f"deleted run {run_id}" if deleted else f"no run {run_id!r}")
 
 
-@runs.command("export")
+@runs.command("export", context_settings=ARGS)
 @click.argument("run_id")
 @click.argument("folder", type=click.Path(file_okay=False))
 @pass_obj
@@ -312,7 +315,7 @@ def runs_export(obj: Ctx, run_id: str, folder: str) -> None:
     obj.out({"path": str(out)}, f"exported to {out}")
 
 
-@runs.command("import")
+@runs.command("import", context_settings=ARGS)
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
 @pass_obj
 def runs_import(obj: Ctx, folder: str) -> None:
@@ -353,7 +356,7 @@ def sessions_list(obj: Ctx) -> None:
                   [(s.id, s.owner, s.created_at.strftime("%Y-%m-%d %H:%M:%S")) for s in ss]))
 
 
-@sessions.command("show")
+@sessions.command("show", context_settings=ARGS)
 @click.argument("session_id")
 @pass_obj
 def sessions_show(obj: Ctx, session_id: str) -> None:
@@ -371,7 +374,7 @@ def sessions_show(obj: Ctx, session_id: str) -> None:
                   ).split("\n", 1)[1])
 
 
-@sessions.command("turns")
+@sessions.command("turns", context_settings=ARGS)
 @click.argument("session_id")
 @pass_obj
 def sessions_turns(obj: Ctx, session_id: str) -> None:
@@ -382,7 +385,7 @@ def sessions_turns(obj: Ctx, session_id: str) -> None:
                   [(t.n, t.id, t.status, t.updated_at.strftime("%Y-%m-%d %H:%M:%S")) for t in ts]))
 
 
-@sessions.command("release")
+@sessions.command("release", context_settings=ARGS)
 @click.argument("session_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @pass_obj

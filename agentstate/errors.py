@@ -116,6 +116,12 @@ class SchemaTooNew(AgentStateError, ValueError):
     code, status = "schema_too_new", 500
 
 
+class UsageError(AgentStateError, RuntimeError):
+    """A call that cannot work where it was made (say, a backup inside ``transaction()``)."""
+
+    code, status = "usage_error", 400
+
+
 class Closed(AgentStateError):
     """The Database was closed."""
 

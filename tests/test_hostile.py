@@ -95,9 +95,10 @@ def test_sessions_anything(db, db_path, name, admin, sid, data):
 @given(args=st.lists(ANY_TEXT | st.sampled_from(
     ["get", "put", "append", "delete", "keys", "runs", "sessions", "show", "import", "--json",
      "--if-version", "-1", "app:x", "session:", ":x", "-", "[1]", "{}", "NaN", "\x00"]), max_size=5),
-       stdin=ANY_TEXT)
+       stdin=st.binary(max_size=40) | ANY_TEXT.map(lambda t: t.encode("utf-8", "surrogatepass")))
 def test_cli_arguments(tmp_path_factory, args, stdin):
-    """Any command line exits 0, 1 or 2 with no traceback and no stray exception."""
+    """Any command line and any stdin (bytes, as a real stdin is) exits 0, 1 or 2 with no
+    traceback and no stray exception."""
     db_path = str(tmp_path_factory.mktemp("cli") / "c.db")
     if any("\x00" in a for a in args):
         return  # a real argv cannot carry NUL

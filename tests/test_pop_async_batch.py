@@ -1,0 +1,136 @@
+"""SPEC §2 pop and the async twins, and SPEC §12's batch() on a local Database."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import apsw
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import agentstate
+
+from .conftest import file_digest
+from .strategies import JSON
+
+
+@settings(max_examples=60)
+@given(items=st.lists(JSON, max_size=8), pops=st.lists(st.integers(0, 5), max_size=4))
+def test_pop_matches_a_python_list(tmp_path_factory, items, pops):
+    """pop(n) removes and returns the last n items in list order; the version rises only
+    when something was removed; check() holds (sizes stay exact)."""
+    with agentstate.open(str(tmp_path_factory.mktemp("pop") / "p.db")) as db:
+        kv = db.scope("app", "p")
+        model = list(items)
+        kv.put("l", items)
+        for n in pops:
+            version = kv.get_versioned("l").version
+            got = kv.pop("l", n)
+            want = model[len(model) - min(n, len(model)):]
+            del model[len(model) - len(want):]
+            assert got == want
+            assert kv.get_versioned("l") == (model, version + (1 if want else 0))
+        assert kv.length("l") == len(model) and db.check() == []
+
+
+def test_pop_of_absent_and_of_a_non_list(db, db_path):
+    kv = db.scope("app", "p")
+    assert kv.pop("none", 3) == [] and kv.get_versioned("none").version == 0
+    kv.put("s", "text")
+    before = file_digest(db_path)
+    with pytest.raises(agentstate.NotAList):
+        kv.pop("s")
+    with pytest.raises(agentstate.InvalidValue):
+        kv.pop("s", -1)
+    assert file_digest(db_path) == before
+
+
+def test_async_twins_behave_like_their_twins(db):
+    kv = db.scope("session", "a")
+
+    async def main():
+        assert await kv.aput("k", {"x": 1}) == 1
+        assert await kv.aget("k") == {"x": 1}
+        assert await kv.aget_versioned("k") == (({"x": 1}), 1)
+        assert await kv.aappend("l", [1, 2, 3]) == (3, 1)
+        assert await kv.aslice("l", -2) == [2, 3]
+        assert await kv.alength("l") == 3
+        assert await kv.apop("l", 2) == [2, 3]
+        assert await kv.alist() == ["k", "l"]
+        assert await kv.aput_bytes("b", b"[1]") == 1
+        assert await kv.aget_bytes("b") == b"[1]"
+        assert await kv.adelete("k") is True
+        with pytest.raises(agentstate.VersionConflict):
+            await kv.aput("l", 1, if_version=99)
+
+    asyncio.run(main())
+
+
+def test_aupdate_from_many_tasks_and_threads_loses_nothing(db):
+    """Plain and async fns, many tasks on two event loops in two threads: every increment counts."""
+    kv = db.scope("agent", "c")
+
+    async def bump_async(n):
+        await asyncio.sleep(0)
+        return n + 1
+
+    async def loop_body():
+        await asyncio.gather(*(kv.aupdate("n", bump_async if i % 2 else (lambda n: n + 1), default=0)
+                               for i in range(40)))
+
+    threads = [threading.Thread(target=asyncio.run, args=(loop_body(),)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert kv.get("n") == 80
+
+
+def test_async_twins_never_block_the_event_loop(db, db_path):
+    """While another connection holds the write lock, an aput waits without stopping the loop."""
+    other = apsw.Connection(db_path)
+    other.execute("BEGIN IMMEDIATE")
+    kv = db.scope("app", "a")
+
+    async def main():
+        ticks = 0
+        writer = asyncio.create_task(kv.aput("k", 1))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.5:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        other.execute("COMMIT")
+        assert await writer == 1
+        return ticks
+
+    assert asyncio.run(main()) >= 10  # the loop kept running while the write waited
+    other.close()
+
+
+def test_batch_applies_all_or_none(db, db_path):
+    kv = db.scope("app", "b")
+    kv.put("x", 1)
+    with db.batch() as b:
+        b.scope("app", "b").put("x", 2, if_version=1)
+        b.scope("app", "b").append("l", [1])
+        b.scope("user", "u").delete("gone")
+    assert b.results == [2, (1, 1), False]
+    assert kv.get("x") == 2 and kv.get("l") == [1]
+    before = file_digest(db_path)
+    with pytest.raises(agentstate.VersionConflict) as e:
+        with db.batch() as b:
+            b.scope("app", "b").put("y", 1)
+            b.scope("app", "b").put("x", 3, if_version=1)  # stale: refused, so nothing is written
+    assert e.value.current_version == 2 and kv.get("y") is None
+    assert file_digest(db_path) == before
+    with pytest.raises(RuntimeError):
+        with db.batch() as b:
+            b.scope("app", "b").put("z", 1)
+            raise RuntimeError("the block failed: nothing applied")
+    assert kv.get("z") is None
+    with pytest.raises(agentstate.InvalidKey):
+        with db.batch() as b:
+            b.scope("app", "b").put("bad key", 1)
