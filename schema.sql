@@ -22,6 +22,7 @@ CREATE TABLE kv (
     length     INTEGER,  -- list: number of items; else NULL
     size       INTEGER NOT NULL CHECK (size >= 0),  -- bytes of the compact JSON (a list: of the whole list)
     updated_at TEXT    NOT NULL,
+    expires_at REAL,     -- unix time from which the key is absent to every reader; NULL: never
     PRIMARY KEY (kind, scope_id, key),
     CHECK ((type = 'list') = (list_id IS NOT NULL)),
     CHECK ((type = 'list') = (length IS NOT NULL)),
@@ -40,6 +41,9 @@ CREATE TABLE list_item (
 
 -- No two keys share a list's items (and check() finds orphans by this index).
 CREATE UNIQUE INDEX kv_list ON kv (list_id) WHERE list_id IS NOT NULL;
+
+-- Keys that expire, soonest first: the purge reads only these.
+CREATE INDEX kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
 
 -- The last list_id handed out (one row): a new list takes the next one.
 CREATE TABLE list_seq (last INTEGER NOT NULL) STRICT;
@@ -60,10 +64,11 @@ CREATE TABLE kv_deleted (
 CREATE TABLE run (
     id         TEXT    PRIMARY KEY,
     snapshot   TEXT,               -- JSON object, or NULL before the first one
-    next_seq   INTEGER NOT NULL DEFAULT 0 CHECK (next_seq >= 0),  -- entries stored: seq 0..next_seq-1
+    next_seq   INTEGER NOT NULL DEFAULT 0 CHECK (next_seq >= 0),  -- entries stored: seq first_seq..next_seq-1
     format     INTEGER NOT NULL DEFAULT 1,  -- run record format; a newer one is refused by load()
     created_at TEXT    NOT NULL,
-    updated_at TEXT    NOT NULL
+    updated_at TEXT    NOT NULL,
+    first_seq  INTEGER NOT NULL DEFAULT 0 CHECK (first_seq >= 0 AND first_seq <= next_seq)  -- trim() moves it up
 ) STRICT;
 
 -- The append-only history of a run. The primary key makes a duplicate seq
@@ -75,10 +80,13 @@ CREATE TABLE run_entry (
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
 
--- No gap, whoever writes: an entry other than seq 0 needs its predecessor.
+-- No gap, whoever writes: an entry needs its predecessor, except the first
+-- one kept (seq first_seq: 0, or where trim() cut the history).
 -- (write() also keeps run.next_seq, and check() verifies the two agree.)
 CREATE TRIGGER run_entry_contiguous BEFORE INSERT ON run_entry
-WHEN NEW.seq > 0 AND NOT EXISTS (SELECT 1 FROM run_entry WHERE run_id = NEW.run_id AND seq = NEW.seq - 1)
+WHEN NEW.seq < (SELECT first_seq FROM run WHERE id = NEW.run_id)
+  OR (NEW.seq > (SELECT first_seq FROM run WHERE id = NEW.run_id)
+      AND NOT EXISTS (SELECT 1 FROM run_entry WHERE run_id = NEW.run_id AND seq = NEW.seq - 1))
 BEGIN
     SELECT RAISE(ABORT, 'history gap: seq must follow the last stored entry');
 END;
@@ -117,17 +125,45 @@ CREATE TABLE turn (
 -- per session. start_turn expires lapsed leases first, in the same transaction.
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
 
+-- The change feed (SPEC §9): one row per committed change, written in the
+-- same transaction as the change. AUTOINCREMENT: a seq is never reused, not
+-- even after the newest rows were purged; writers take turns (one write lock),
+-- so seqs commit in order and a reader never sees a lower one appear later.
+-- Rows hold no values; old rows are purged, a few per write transaction.
+CREATE TABLE change (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    at       TEXT    NOT NULL,  -- commit time, ISO-8601 UTC
+    topic    TEXT    NOT NULL CHECK (topic IN ('kv', 'run', 'session')),
+    op       TEXT    NOT NULL,  -- kv: put delete append pop touch expire; run: create write delete fork trim;
+                                -- session: create delete, or the turn's new status
+    kind     TEXT,     -- kv: the scope kind
+    scope_id TEXT,     -- kv: the scope id; run: the run id; session: the session id
+    key      TEXT,     -- kv: the key; session: the turn id (NULL for the session itself)
+    version  INTEGER,  -- kv: the key's version after the write (delete, expire: the last it had)
+    start    INTEGER,  -- append/pop: first index; run: first seq; else NULL
+    count    INTEGER   -- how many items or entries from start
+) STRICT;
+CREATE INDEX change_by_scope ON change (scope_id, seq);
+
+-- Settings every process of the file agrees on (SPEC §10); absent: the default.
+CREATE TABLE setting (
+    name  TEXT PRIMARY KEY,
+    value ANY  NOT NULL
+) STRICT;
+
 -- Views for people using the sqlite3 shell.
 
--- Every live key with its scope, value and version.
+-- Every live key with its scope, value and version (expired keys left out).
 CREATE VIEW state AS
 SELECT kind, scope_id, key,
        CASE type WHEN 'list' THEN (SELECT json_group_array(json(item))
                                    FROM (SELECT item FROM list_item WHERE list_id = kv.list_id ORDER BY idx))
                  WHEN 'bytes' THEN CAST(value AS TEXT)
                  ELSE value END AS value,
-       type, version, length, size, updated_at
-FROM kv;
+       type, version, length, size, updated_at,
+       strftime('%Y-%m-%dT%H:%M:%SZ', expires_at, 'unixepoch') AS expires_at
+FROM kv
+WHERE expires_at IS NULL OR expires_at > (julianday('now') - 2440587.5) * 86400.0;
 
 -- Every history entry of every run, in order.
 CREATE VIEW run_history AS
@@ -137,8 +173,8 @@ FROM run_entry;
 -- Runs with their snapshot's summary fields.
 CREATE VIEW runs AS
 SELECT id, json_extract(snapshot, '$.task') AS task, json_extract(snapshot, '$.turn') AS turn,
-       json_extract(snapshot, '$.finished') AS finished, next_seq AS entries,
-       created_at, updated_at
+       json_extract(snapshot, '$.finished') AS finished, next_seq - first_seq AS entries,
+       first_seq, created_at, updated_at
 FROM run;
 
 -- Turns that block or may still act: queued, running, held, decided, resuming.
@@ -149,4 +185,8 @@ SELECT t.session_id, s.owner, t.id AS turn_id, t.n, t.status,
 FROM turn t JOIN session s ON s.id = t.session_id
 WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
 
-PRAGMA user_version = 1;
+-- The change feed, as SPEC §9 names its columns.
+CREATE VIEW changes AS
+SELECT seq, at, topic, op, kind, scope_id, key, version, start, count FROM change;
+
+PRAGMA user_version = 2;

@@ -4,6 +4,7 @@ One SQLite file in WAL mode; many local processes share it safely.
 """
 
 from ._batch import Batch
+from ._changes import Change
 from ._database import Database, open
 from ._runs import Record, RunStore, SavedState
 from ._sessions import Principal, SessionInfo, Sessions, Turn
@@ -13,6 +14,7 @@ from .errors import (
     AgentStateError,
     Busy,
     Closed,
+    CursorExpired,
     Damaged,
     Forbidden,
     HistoryGap,
@@ -27,6 +29,7 @@ from .errors import (
     SessionBusy,
     StorageError,
     TooLarge,
+    Unauthorized,
     UsageError,
     VersionConflict,
 )
@@ -38,6 +41,9 @@ __all__ = [
     "Appended",
     "Batch",
     "Busy",
+    "Change",
+    "CursorExpired",
+    "Unauthorized",
     "Closed",
     "Damaged",
     "Database",

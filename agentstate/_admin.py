@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
+from . import _feed
 from ._connection import SCHEMA_VERSION, fs_path, translate
 from .errors import AgentStateError, StorageError, UsageError
 
@@ -51,14 +52,40 @@ INVARIANTS: list[tuple[str, str]] = [
                'version ' || k.version || ' is not above the deleted version ' || d.version
         FROM kv k JOIN kv_deleted d USING (kind, scope_id, key)
         WHERE k.version <= d.version"""),
-    ("run histories are seq 0..n-1", """
+    ("run histories are seq first_seq..next_seq-1, no gap", """
         SELECT 'run ' || r.id,
-               'next_seq ' || r.next_seq || ' but ' || count(e.seq) || ' entries, seqs '
-               || coalesce(min(e.seq), '-') || '..' || coalesce(max(e.seq), '-')
+               'seqs ' || r.first_seq || '..' || (r.next_seq - 1) || ' recorded but ' || count(e.seq)
+               || ' entries, seqs ' || coalesce(min(e.seq), '-') || '..' || coalesce(max(e.seq), '-')
         FROM run r LEFT JOIN run_entry e ON e.run_id = r.id
         GROUP BY r.id
-        HAVING count(e.seq) <> r.next_seq OR coalesce(min(e.seq), 0) <> 0
-            OR coalesce(max(e.seq), -1) <> r.next_seq - 1"""),
+        HAVING count(e.seq) <> r.next_seq - r.first_seq
+            OR coalesce(min(e.seq), r.first_seq) <> r.first_seq
+            OR coalesce(max(e.seq), r.next_seq - 1) <> r.next_seq - 1"""),
+    ("the change feed: seqs handed out in order, rows well formed", """
+        SELECT 'change seq ' || seq, 'above the last seq handed out'
+        FROM change WHERE seq > coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'change'), 0)
+        UNION ALL
+        SELECT 'change seq ' || seq, 'topic ' || topic || ' has no op ' || op
+        FROM change
+        WHERE NOT (topic = 'kv' AND op IN ('put', 'delete', 'append', 'pop', 'touch', 'expire')
+                   AND kind IS NOT NULL AND scope_id IS NOT NULL AND key IS NOT NULL
+                   AND version >= 1)
+          AND NOT (topic = 'run' AND op IN ('create', 'write', 'delete', 'fork', 'trim')
+                   AND scope_id IS NOT NULL)
+          AND NOT (topic = 'session' AND op IN ('create', 'delete', 'queued', 'running', 'held',
+                   'decided', 'resuming', 'finished', 'failed', 'expired') AND scope_id IS NOT NULL)
+        UNION ALL
+        SELECT 'change seq ' || seq, 'start ' || start || ' count ' || count
+        FROM change WHERE start < 0 OR count < 0 OR (start IS NULL) <> (count IS NULL)"""),
+    ("no kv change is newer than its key", """
+        SELECT 'change seq ' || ch.seq, 'version ' || ch.version || ' of ' || ch.kind || ':'
+               || ch.scope_id || ' ' || ch.key || ' but the key has reached only '
+               || coalesce(max(k.version, coalesce(d.version, 0)), d.version, k.version, 0)
+        FROM change ch
+        LEFT JOIN kv k ON k.kind = ch.kind AND k.scope_id = ch.scope_id AND k.key = ch.key
+        LEFT JOIN kv_deleted d ON d.kind = ch.kind AND d.scope_id = ch.scope_id AND d.key = ch.key
+        WHERE ch.topic = 'kv'
+          AND ch.version > coalesce(max(k.version, coalesce(d.version, 0)), d.version, k.version, 0)"""),
     ("run entries are JSON objects carrying their seq", """
         SELECT 'run ' || run_id || ' seq ' || seq, 'entry is not an object with this seq'
         FROM run_entry
@@ -101,11 +128,12 @@ def info(store: Store) -> dict[str, Any]:
 
     with store.snapshot() as c:
         counts = dict(zip(
-            ("scopes", "keys", "list_items", "runs", "entries", "sessions", "turns"),
+            ("scopes", "keys", "list_items", "runs", "entries", "sessions", "turns", "changes"),
             c.execute("""SELECT (SELECT count(*) FROM (SELECT DISTINCT kind, scope_id FROM kv)),
                                 (SELECT count(*) FROM kv), (SELECT count(*) FROM list_item),
                                 (SELECT count(*) FROM run), (SELECT count(*) FROM run_entry),
-                                (SELECT count(*) FROM session), (SELECT count(*) FROM turn)""").fetchone(),
+                                (SELECT count(*) FROM session), (SELECT count(*) FROM turn),
+                                (SELECT count(*) FROM change)""").fetchone(),
         ))
         version = c.pragma("user_version")
     return {
@@ -179,6 +207,10 @@ def _not_in_transaction(store: Store, what: str) -> None:
 def vacuum(store: Store) -> dict[str, int]:
     _not_in_transaction(store, "vacuum")
     before = os.path.getsize(store.path)
+    while True:  # everything expired and every feed row past retention, in bounded steps
+        with store.write() as c:
+            if _feed.purge(c, 1000) == 0:
+                break
     try:
         c = store.conn()
         c.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -26,11 +26,13 @@ from typing import Any
 
 import apsw
 
+from ._migrations import MIGRATIONS
 from .errors import (AgentStateError, Busy, Closed, Damaged, InvalidValue, SchemaTooNew, StorageError,
                      UsageError)
 
 APPLICATION_ID = 1634952052  # 'agst'
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+HOUSEKEEP_EVERY = 8  # write transactions per purge step: a few rows each, so none pays much
 
 # Connections that were in use when this process was fork()ed: SQLite state
 # copied mid-call, so they are neither used nor closed here (kept alive, so
@@ -87,9 +89,6 @@ def schema_text() -> str:
 SCHEMA = schema_text()
 SCHEMA_VERSION = int(re.findall(r"PRAGMA user_version = (\d+);", SCHEMA)[-1])
 
-# Upgrades: MIGRATIONS[n] takes a file from version n to n + 1. Each runs
-# inside the one transaction that opens the file.
-MIGRATIONS: dict[int, str] = {}
 
 
 _second = (0, "")  # the last whole second, formatted: strftime is the slow part
@@ -103,6 +102,12 @@ def now_iso() -> str:
     if cached[0] != sec:
         cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
     return f"{cached[1]}.{us:06d}Z"
+
+
+def iso(t: float) -> str:
+    """A unix time as the store's ISO-8601 UTC text (comparable with now_iso())."""
+    sec, us = divmod(int(t * 1_000_000), 1_000_000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{us:06d}Z"
 
 
 def translate(e: apsw.Error) -> AgentStateError:
@@ -155,6 +160,10 @@ class Store:
         # carries one transaction, but asyncio tasks on one thread interleave:
         # a call from a task that did not open the transaction must not
         # silently join it (and vanish with its rollback).
+        # Called before each HOUSEKEEP_EVERY-th outermost COMMIT, inside the
+        # transaction: the bounded purge of old feed rows and expired keys.
+        self.housekeeping: Callable[[apsw.Connection], Any] | None = None
+        self._writes = 0
         self._txn: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
             "agentstate_txn", default=None)
         if self.path in _tainted:
@@ -245,7 +254,7 @@ class Store:
             if version == 0:
                 c.execute(SCHEMA)
             while version < SCHEMA_VERSION and version != 0:
-                c.execute(MIGRATIONS[version])
+                MIGRATIONS[version](c, SCHEMA)
                 version += 1
                 c.pragma("user_version", version)
             c.execute("COMMIT")
@@ -426,6 +435,14 @@ class _Write:
             except ValueError:  # left in another context than it was entered in
                 store._txn.set(None)
         try:
+            if exc is None and not depth and store.housekeeping is not None:
+                store._writes += 1
+                if store._writes % HOUSEKEEP_EVERY == 0:
+                    try:
+                        store.housekeeping(c)
+                    except BaseException as e:
+                        self._end(c, depth, e)  # rolls back (and translates a driver error)
+                        raise
             self._end(c, depth, exc)
         finally:
             if not depth and store._closed:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _admin
+from . import _admin, _changes, _feed
+from ._changes import Change
 from ._connection import Store, default_path, fs_path
 from ._batch import Batch
 from ._scope import Scope, State
@@ -32,6 +33,7 @@ class Database:
     def __init__(self, options: Options) -> None:
         self.options = options
         self._store = Store(options.path, options.durability, options.busy_timeout, options.vfs)
+        self._store.housekeeping = _feed.purge
         self._runs: Any = None
         self._sessions: Any = None
 
@@ -78,6 +80,62 @@ class Database:
         b = Batch(self)
         yield b
         b.apply()
+
+    # -- the change feed (SPEC §9) -------------------------------------------
+
+    def last_change(self) -> int:
+        """The newest change's seq; 0 on a new file."""
+        self._check_open()
+        return _changes.last_change(self._store)
+
+    def changes(self, since: int = 0, *, limit: int = 1000, topic: str | None = None,
+                kind: str | None = None, scope_id: str | None = None,
+                key: str | None = None) -> list[Change]:
+        """Changes with seq > ``since``, ascending, filtered.
+
+        :raises CursorExpired: changes after ``since`` are no longer kept.
+        """
+        self._check_open()
+        _changes.check_since(since, limit)
+        return _changes.changes(self._store, since, limit,
+                                _changes.filters(topic, kind, scope_id, key))
+
+    def watch(self, since: int, *, timeout: float | None = None, limit: int = 1000,
+              **filters: Any) -> list[Change]:
+        """Like ``changes``, but when there is nothing yet, wait until a matching change is
+        committed by any process, or ``timeout`` seconds pass (then ``[]``)."""
+        self._check_open()
+        _changes.check_since(since, limit)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 <= timeout < 1e9):
+            raise InvalidValue(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+        return _changes.watch(self._store, since, timeout, limit, _changes.filters(**filters))
+
+    def awatch(self, since: int, *, limit: int = 1000, **filters: Any) -> AsyncIterator[Change]:
+        """An async iterator of the changes after ``since``, as they are committed; it never
+        ends by itself and never blocks the event loop."""
+        self._check_open()
+        _changes.check_since(since, limit)
+        return _changes.awatch(self._store, since, limit, _changes.filters(**filters))
+
+    # -- settings (SPEC §10) --------------------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting of the file, with its default where none was set."""
+        self._check_open()
+        with self._store.read() as c:
+            return _feed.settings(c)
+
+    def set_setting(self, name: str, value: Any) -> None:
+        """Set a setting for every process of the file. :raises InvalidValue: unknown name or bad value."""
+        self._check_open()
+        if name not in _feed.DEFAULTS:
+            raise InvalidValue(f"no setting {name!r}; settings are {', '.join(_feed.DEFAULTS)}")
+        if type(value) is not int or not 0 <= value <= 100 * 365 * 86400:
+            raise InvalidValue(f"{name} must be a whole number of seconds from 0 to 100 years, "
+                               f"got {value!r}")
+        with self._store.write() as c:
+            _feed.set_setting(c, name, value)
 
     @property
     def runs(self) -> Any:

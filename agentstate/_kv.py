@@ -2,55 +2,72 @@
 
 Each function runs inside the caller's write transaction (``Store.write``) or
 is a single read statement, so it sees and changes one consistent state.
+Every write records its change (``_feed.record``) in the same transaction.
+
+Expiry: a row whose ``expires_at`` has passed is absent to every reader (each
+read statement says so in its WHERE clause) and to every writer: a write that
+meets one first expires it (``_settle``: the row goes, its version is kept in
+kv_deleted, an 'expire' change is recorded), then goes on as for an absent key.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import apsw
 
+from . import _feed
 from ._connection import now_iso
 from ._encoding import MAX_VALUE
 from .errors import NotAList, TooLarge, VersionConflict
 
 Row = tuple[Any, ...]
+KEEP: Any = object()  # expires: keep the key's expiry (update, append without ttl)
+_LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
-_FIND = """SELECT version, type, list_id, length, size FROM kv
-           WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
-_NEXT_VERSION = "1 + coalesce((SELECT version FROM kv_deleted WHERE kind = ?1 AND scope_id = ?2 AND key = ?3), 0)"
-# The common put in one statement: create, or replace a value that is not a
-# list (a list's items need deleting first: that, lists and CAS take the slow path).
+_FIND = """SELECT version, type, list_id, length, size, expires_at FROM kv
+           WHERE kind = :kind AND scope_id = :sid AND key = :key"""
+_NEXT_VERSION = ("1 + coalesce((SELECT version FROM kv_deleted WHERE kind = :kind AND scope_id = :sid "
+                 "AND key = :key), 0)")
+# The common put in one statement: create, or replace a live value that is not
+# a list (a list's items need deleting first: that, expired rows, lists and a
+# failed CAS take the slow path).
 _UPSERT = f"""
-INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
-VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, NULL, NULL, ?6, ?7)
+INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at, expires_at)
+VALUES (:kind, :sid, :key, {_NEXT_VERSION}, :type, :value, NULL, NULL, :size, :stamp, :expires)
 ON CONFLICT (kind, scope_id, key) DO UPDATE
 SET version = kv.version + 1, type = excluded.type, value = excluded.value, size = excluded.size,
-    updated_at = excluded.updated_at
-WHERE kv.type <> 'list'
+    updated_at = excluded.updated_at, expires_at = excluded.expires_at
+WHERE kv.type <> 'list' AND (kv.expires_at IS NULL OR kv.expires_at > :now)
 RETURNING version"""
 # Compare-and-set in one statement each: create only if absent, replace only
 # at the expected version (and not over a list, whose items need deleting).
 _CREATE_IF_ABSENT = f"""
-INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
-VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, NULL, NULL, ?6, ?7)
+INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at, expires_at)
+VALUES (:kind, :sid, :key, {_NEXT_VERSION}, :type, :value, NULL, NULL, :size, :stamp, :expires)
 ON CONFLICT (kind, scope_id, key) DO NOTHING
 RETURNING version"""
-_REPLACE_AT = """
-UPDATE kv SET version = version + 1, type = ?4, value = ?5, size = ?6, updated_at = ?7
-WHERE kind = ?1 AND scope_id = ?2 AND key = ?3 AND version = ?8 AND type <> 'list'
+_REPLACE_AT = f"""
+UPDATE kv SET version = version + 1, type = :type, value = :value, size = :size, updated_at = :stamp,
+              expires_at = iif(:keep, expires_at, :expires)
+WHERE kind = :kind AND scope_id = :sid AND key = :key AND version = :if_version AND type <> 'list'
+  AND {_LIVE}
 RETURNING version"""
 _CREATE = f"""
-INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at)
-VALUES (?1, ?2, ?3, {_NEXT_VERSION}, ?4, ?5, ?6, ?7, ?8, ?9)
+INSERT INTO kv (kind, scope_id, key, version, type, value, list_id, length, size, updated_at, expires_at)
+VALUES (:kind, :sid, :key, {_NEXT_VERSION}, :type, :value, :list_id, :length, :size, :stamp, :expires)
 RETURNING version"""
 _REPLACE = """
-UPDATE kv SET version = version + 1, type = ?4, value = ?5, list_id = ?6, length = ?7, size = ?8,
-              updated_at = ?9
-WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
+UPDATE kv SET version = version + 1, type = :type, value = :value, list_id = :list_id,
+              length = :length, size = :size, updated_at = :stamp,
+              expires_at = iif(:keep, expires_at, :expires)
+WHERE kind = :kind AND scope_id = :sid AND key = :key"""
 _NEW_LIST = "UPDATE list_seq SET last = last + 1 RETURNING last"
 _ADD_ITEMS = "INSERT INTO list_item (list_id, idx, item) VALUES (?, ?, ?)"
 _DROP_ITEMS = "DELETE FROM list_item WHERE list_id = ?"
+_FORGET = """INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (?, ?, ?, ?)
+             ON CONFLICT DO UPDATE SET version = excluded.version"""
 
 
 def _conflict(what: str, expected: int, current: int) -> VersionConflict:
@@ -59,16 +76,36 @@ def _conflict(what: str, expected: int, current: int) -> VersionConflict:
     )
 
 
+def _remove(c: apsw.Connection, kind: str, sid: str, key: str, version: int,
+            list_id: int | None, op: str) -> None:
+    """Delete a key's row (and a list's items), remembering its version; record ``op``."""
+    if list_id is not None:
+        c.execute(_DROP_ITEMS, (list_id,))
+    c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key))
+    c.execute(_FORGET, (kind, sid, key, version + 1))
+    _feed.record(c, "kv", op, kind, sid, key, version)
+
+
+def _settle(c: apsw.Connection, kind: str, sid: str, key: str, now: float) -> Row | None:
+    """The key's live row (version, type, list_id, length, size, expires_at), or None;
+    an expired row met here is expired for good first."""
+    row = c.execute(_FIND, {"kind": kind, "sid": sid, "key": key}).fetchone()
+    if row is not None and row[5] is not None and row[5] <= now:
+        _remove(c, kind, sid, key, row[0], row[2], "expire")
+        return None
+    return row
+
+
 def get(c: apsw.Connection, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
     return c.execute(
-        """SELECT type, value, version,
+        f"""SELECT type, value, version,
                   CASE type WHEN 'list' THEN
                     (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
                      WHERE list_id = kv.list_id)
                   END
-           FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
-        (kind, sid, key),
+           FROM kv WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}""",
+        {"kind": kind, "sid": sid, "key": key, "now": time.time()},
     ).fetchone()
 
 
@@ -87,20 +124,29 @@ def put(
     size: int,
     items: list[str] | None,
     if_version: int | None,
+    expires: Any = None,
 ) -> int:
-    """Write a value (``items`` for a list); return the new version."""
-    now = now_iso()
-    if items is None:  # one statement, unless a list must be replaced or CAS failed
-        args = (kind, sid, key, type_, value, size, now)
-        if if_version is None:
+    """Write a value (``items`` for a list); return the new version.
+
+    ``expires``: a unix time, None (never), or KEEP (the key's current expiry).
+    """
+    now = time.time()
+    keep = expires is KEEP
+    args = {"kind": kind, "sid": sid, "key": key, "type": type_, "value": value, "size": size,
+            "stamp": now_iso(), "now": now, "keep": keep, "expires": None if keep else expires}
+    if items is None:  # one statement, unless a list or an expired row is replaced or CAS failed
+        if if_version is None and not keep:
             done = c.execute(_UPSERT, args).fetchone()
         elif if_version == 0:
             done = c.execute(_CREATE_IF_ABSENT, args).fetchone()
+        elif if_version is not None:
+            done = c.execute(_REPLACE_AT, {**args, "if_version": if_version}).fetchone()
         else:
-            done = c.execute(_REPLACE_AT, (*args, if_version)).fetchone()
+            done = None
         if done is not None:
+            _feed.record(c, "kv", "put", kind, sid, key, done[0])
             return done[0]
-    row = c.execute(_FIND, (kind, sid, key)).fetchone()
+    row = _settle(c, kind, sid, key, now)
     current = row[0] if row else 0
     if if_version is not None and if_version != current:
         raise _conflict(f"put {kind}:{sid} {key}", if_version, current)
@@ -114,37 +160,38 @@ def put(
         if list_id is None:
             list_id = c.execute(_NEW_LIST).fetchone()[0]
         _add_items(c, list_id, 0, items)
-    args = (kind, sid, key, type_, value, list_id, length, size, now)
+    args.update(list_id=list_id, length=length)
     if row is None:
-        return c.execute(_CREATE, args).fetchone()[0]
-    c.execute(_REPLACE, args)
-    return current + 1
+        version = c.execute(_CREATE, args).fetchone()[0]
+    else:
+        c.execute(_REPLACE, args)
+        version = current + 1
+    _feed.record(c, "kv", "put", kind, sid, key, version,
+                 *((0, length) if items is not None else (None, None)))
+    return version
 
 
 def delete(c: apsw.Connection, kind: str, sid: str, key: str, if_version: int | None) -> bool:
     """Remove a key (and a list's items), remembering its version; whether it existed."""
-    row = c.execute(_FIND, (kind, sid, key)).fetchone()
+    row = _settle(c, kind, sid, key, time.time())
     current = row[0] if row else 0
     if if_version is not None and if_version != current:
         raise _conflict(f"delete {kind}:{sid} {key}", if_version, current)
     if row is None:
         return False
-    if row[2] is not None:
-        c.execute(_DROP_ITEMS, (row[2],))
-    c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key))
-    c.execute(
-        """INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (?, ?, ?, ?)
-           ON CONFLICT DO UPDATE SET version = excluded.version""",
-        (kind, sid, key, current + 1),
-    )
+    _remove(c, kind, sid, key, current, row[2], "delete")
     return True
 
 
 def append(
-    c: apsw.Connection, kind: str, sid: str, key: str, items: list[str], items_size: int
+    c: apsw.Connection, kind: str, sid: str, key: str, items: list[str], items_size: int,
+    expires: Any = KEEP,
 ) -> tuple[int, int]:
-    """Add items at the end of a list (created if absent); return (length, version)."""
-    row = c.execute(_FIND, (kind, sid, key)).fetchone()
+    """Add items at the end of a list (created if absent); return (length, version).
+
+    ``expires``: a unix time, or KEEP (the key's expiry; none for a new list).
+    """
+    row = _settle(c, kind, sid, key, time.time())
     n = len(items)
     if row is None:
         length, size = 0, 2
@@ -152,7 +199,9 @@ def append(
         if row[1] != "list":
             raise NotAList(f"{kind}:{sid} {key} holds a {row[1]} value, not a list")
         length, size = row[3], row[4]
-        if n == 0:
+        if n == 0:  # nothing to add: only a new expiry, if one was asked for
+            if expires is not KEEP:
+                touch(c, kind, sid, key, expires)
             return length, row[0]
     # items_size is the JSON of [items]; joining two lists drops one pair of
     # brackets and adds a comma when both are non-empty.
@@ -161,27 +210,33 @@ def append(
         raise TooLarge(
             f"the list would be {new_size} bytes, over the limit of {MAX_VALUE}", new_size, MAX_VALUE
         )
-    now = now_iso()
+    stamp = now_iso()
     if row is None:
         list_id = c.execute(_NEW_LIST).fetchone()[0]
-        version = c.execute(_CREATE, (kind, sid, key, "list", None, list_id, n, new_size, now)).fetchone()[0]
+        version = c.execute(_CREATE, {
+            "kind": kind, "sid": sid, "key": key, "type": "list", "value": None, "list_id": list_id,
+            "length": n, "size": new_size, "stamp": stamp,
+            "expires": None if expires is KEEP else expires}).fetchone()[0]
     else:
         list_id, version = row[2], row[0] + 1
         c.execute(
-            """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7
+            """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7,
+                             expires_at = iif(?8, expires_at, ?9)
                WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
-            (kind, sid, key, version, length + n, new_size, now),
+            (kind, sid, key, version, length + n, new_size, stamp, expires is KEEP,
+             None if expires is KEEP else expires),
         )
     _add_items(c, list_id, length, items)
+    _feed.record(c, "kv", "append", kind, sid, key, version, length, n)
     return length + n, version
 
 
 def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]:
     """Remove the last ``n`` items of a list; return their texts in list order and the version."""
-    row = c.execute(_FIND, (kind, sid, key)).fetchone()
+    row = _settle(c, kind, sid, key, time.time())
     if row is None:
         return [], 0
-    version, type_, list_id, length, size = row
+    version, type_, list_id, length, size, _expires = row
     if type_ != "list":
         raise NotAList(f"{kind}:{sid} {key} holds a {type_} value, not a list")
     k = min(n, length)
@@ -201,7 +256,30 @@ def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list
            WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
         (kind, sid, key, version + 1, left, new_size, now_iso()),
     )
+    _feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k)
     return removed, version + 1
+
+
+def touch(c: apsw.Connection, kind: str, sid: str, key: str, expires: float | None) -> int | None:
+    """Set a live key's expiry (None: never), value and version unchanged; its version, or None."""
+    row = c.execute(
+        f"""UPDATE kv SET expires_at = :expires
+            WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}
+            RETURNING version""",
+        {"kind": kind, "sid": sid, "key": key, "now": time.time(), "expires": expires},
+    ).fetchone()
+    if row is None:
+        return None
+    _feed.record(c, "kv", "touch", kind, sid, key, row[0])
+    return row[0]
+
+
+def expires_at(c: apsw.Connection, kind: str, sid: str, key: str) -> tuple[float | None] | None:
+    """(expires_at,) of a live key, or None when absent."""
+    return c.execute(
+        f"SELECT expires_at FROM kv WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}",
+        {"kind": kind, "sid": sid, "key": key, "now": time.time()},
+    ).fetchone()
 
 
 def slice_items(
@@ -215,8 +293,9 @@ def slice_items(
              AND i.idx < (CASE WHEN ?5 IS NULL THEN k.length
                                WHEN ?5 < 0 THEN k.length + ?5 ELSE ?5 END)
            WHERE k.kind = ?1 AND k.scope_id = ?2 AND k.key = ?3
+             AND (k.expires_at IS NULL OR k.expires_at > ?6)
            ORDER BY i.idx""",
-        (kind, sid, key, start, stop),
+        (kind, sid, key, start, stop, time.time()),
     ).fetchall()
     if not rows:
         return []
@@ -228,8 +307,8 @@ def slice_items(
 def length(c: apsw.Connection, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
     row = c.execute(
-        "SELECT type, length FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3",
-        (kind, sid, key),
+        f"SELECT type, length FROM kv WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}",
+        {"kind": kind, "sid": sid, "key": key, "now": time.time()},
     ).fetchone()
     if row is None:
         return 0
@@ -239,7 +318,7 @@ def length(c: apsw.Connection, kind: str, sid: str, key: str) -> int | None:
 def keys(
     c: apsw.Connection, kind: str, sid: str, prefix: str, after: str | None, limit: int | None
 ) -> list[str]:
-    """Keys starting with ``prefix`` (a range scan of the primary key), ascending."""
+    """Live keys starting with ``prefix`` (a range scan of the primary key), ascending."""
     lo = prefix if after is None or after < prefix else after
     # Keys are ASCII below DEL, so '\x7f' bounds them all; else the prefix's successor.
     hi = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\x7f"
@@ -247,24 +326,32 @@ def keys(
     return [
         r[0]
         for r in c.execute(
-            f"""SELECT key FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key {op} ?3 AND key < ?4
-                ORDER BY key LIMIT ?5""",
-            (kind, sid, lo, hi, -1 if limit is None else limit),
+            f"""SELECT key FROM kv WHERE kind = :kind AND scope_id = :sid AND key {op} :lo
+                AND key < :hi AND {_LIVE} ORDER BY key LIMIT :limit""",
+            {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "now": time.time(),
+             "limit": -1 if limit is None else limit},
         )
     ]
 
 
 def drop_scope(c: apsw.Connection, kind: str, sid: str) -> None:
-    """Delete every key of a scope (and list items), remembering versions."""
-    c.execute(
-        """DELETE FROM list_item WHERE list_id IN
-           (SELECT list_id FROM kv WHERE kind = ?1 AND scope_id = ?2 AND list_id IS NOT NULL)""",
+    """Delete every key of a scope (and list items), remembering versions; a change each."""
+    now = time.time()
+    for key, version, list_id, expires in c.execute(
+        "SELECT key, version, list_id, expires_at FROM kv WHERE kind = ?1 AND scope_id = ?2",
         (kind, sid),
-    )
-    c.execute(
-        """INSERT INTO kv_deleted (kind, scope_id, key, version)
-           SELECT kind, scope_id, key, version + 1 FROM kv WHERE kind = ?1 AND scope_id = ?2
-           ON CONFLICT DO UPDATE SET version = excluded.version""",
-        (kind, sid),
-    )
-    c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2", (kind, sid))
+    ).fetchall():
+        _remove(c, kind, sid, key, version, list_id,
+                "expire" if expires is not None and expires <= now else "delete")
+
+
+def purge_expired(c: apsw.Connection, now: float, batch: int) -> int:
+    """Expire up to ``batch`` keys whose time has come, soonest first; how many."""
+    rows = c.execute(
+        """SELECT kind, scope_id, key, version, list_id FROM kv
+           WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at LIMIT ?""",
+        (now, batch),
+    ).fetchall()
+    for kind, sid, key, version, list_id in rows:
+        _remove(c, kind, sid, key, version, list_id, "expire")
+    return len(rows)

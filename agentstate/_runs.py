@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import time
 from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -13,6 +14,7 @@ from pydantic.dataclasses import dataclass
 
 from . import _runfiles
 from . import _runs_repo as repo
+from ._connection import iso
 from ._encoding import canonical, check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
@@ -152,6 +154,31 @@ class RunStore:
             rows = repo.entries(c, run_id, 0, None)
         return Record(_decode_entries(rows), decode(head[0]) if head[0] is not None else None)
 
+    def trim(self, run_id: str, *, before: int) -> int:
+        """Remove the entries with seq < ``before``; return how many.
+
+        The history then starts at that seq and stays contiguous to the last
+        (``before`` past the last entry removes them all; ``write`` goes on
+        after the last seq as before).
+
+        :raises RunNotFound: no such run.
+        """
+        check_key(run_id, "run id")
+        check_int("before", before)
+        with self._store.write() as c:
+            return repo.trim(c, run_id, before)
+
+    def prune(self, *, older_than: float, finished_only: bool = True) -> list[str]:
+        """Delete the runs not written for ``older_than`` seconds (only those whose
+        snapshot says ``finished``, unless ``finished_only=False``); return their ids."""
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
+                or not 0 <= older_than < 1e11:
+            raise InvalidValue(f"older_than must be a number of seconds >= 0, got {older_than!r}")
+        if type(finished_only) is not bool:
+            raise InvalidValue(f"finished_only must be True or False, got {finished_only!r}")
+        with self._store.write() as c:
+            return repo.prune(c, iso(time.time() - older_than), finished_only)
+
     def entries(self, run_id: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Entries with seq >= since, at most ``limit``; [] for an unknown run."""
         check_key(run_id, "run id")
@@ -203,10 +230,10 @@ class RunStore:
             if head is None:
                 raise RunNotFound(f"no run {run_id!r}")
             rows = repo.entries(c, run_id, 0, None)
-        snapshot_text, next_seq, fmt = head
+        snapshot_text, next_seq, fmt, first = head
         if fmt > RUN_FORMAT:
             raise SchemaTooNew(f"run {run_id!r} has format {fmt}; this agentstate reads {RUN_FORMAT}")
-        entries = self._verify(run_id, rows, next_seq)
+        entries = self._verify(run_id, rows, first, next_seq)
         try:
             snapshot = decode(snapshot_text) if snapshot_text is not None else None
         except ValueError as e:
@@ -229,9 +256,10 @@ class RunStore:
         return Record(entries + synthetic, snapshot)
 
     @staticmethod
-    def _verify(run_id: str, rows: list[tuple[int, str]], next_seq: int) -> list[dict[str, Any]]:
+    def _verify(run_id: str, rows: list[tuple[int, str]], first: int,
+                next_seq: int) -> list[dict[str, Any]]:
         entries = []
-        for i, (seq, text) in enumerate(rows):
+        for i, (seq, text) in enumerate(rows, first):
             try:
                 e = decode(text)
             except ValueError as err:
@@ -239,8 +267,9 @@ class RunStore:
             if seq != i or not isinstance(e, dict) or e.get("seq") != seq:
                 raise Damaged(f"run {run_id!r}: entry at position {i} has seq {seq} / {e!r:.60}")
             entries.append(e)
-        if len(entries) != next_seq:
-            raise Damaged(f"run {run_id!r}: {len(entries)} entries stored, {next_seq} recorded")
+        if len(entries) != next_seq - first:
+            raise Damaged(f"run {run_id!r}: {len(entries)} entries stored, seqs {first}.."
+                          f"{next_seq - 1} recorded")
         return entries
 
     def fork(self, run_id: str, new_id: str, *, upto: int | None = None) -> None:
@@ -275,6 +304,8 @@ class RunStore:
     alist = _aversion(list)
     aload = _aversion(load)
     afork = _aversion(fork)
+    atrim = _aversion(trim)
+    aprune = _aversion(prune)
 
 
 def _hashable(v: Any) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 import apsw
 
+from . import _feed
 from ._connection import now_iso
 from ._encoding import same_json
 from .errors import HistoryGap, RunExists, RunNotFound
@@ -23,17 +24,18 @@ def write(
     ``entries`` are (seq, JSON text), consecutive. Runs inside the caller's
     write transaction; the run_entry triggers enforce contiguity as well.
     """
-    row = c.execute("SELECT next_seq FROM run WHERE id = ?", (run_id,)).fetchone()
+    row = c.execute("SELECT next_seq, first_seq FROM run WHERE id = ?", (run_id,)).fetchone()
     now = now_iso()
     if create:
         if row is not None:
             raise RunExists(f"run {run_id!r} exists already")
-        next_seq = 0
+        next_seq = first = 0
     else:
         if row is None:
             raise RunNotFound(f"no run {run_id!r} (create=True makes a new one)")
-        next_seq = row[0]
-    old = [e for e in entries if e[0] < next_seq]
+        next_seq, first = row
+    # Re-sent entries below first_seq were trimmed away: nothing to compare them with.
+    old = [e for e in entries if first <= e[0] < next_seq]
     if old:
         _check_resent(c, run_id, old)
     new = [e for e in entries if e[0] >= next_seq]
@@ -59,6 +61,8 @@ def write(
             "INSERT INTO run_entry (run_id, seq, entry) VALUES (?, ?, ?)",
             [(run_id, seq, text) for seq, text in new],
         )
+    _feed.record(c, "run", "create" if create else "write", None, run_id, None, None,
+                 next_seq, len(new))
     return end
 
 
@@ -82,9 +86,9 @@ def _check_resent(c: apsw.Connection, run_id: str, old: list[tuple[int, str]]) -
 
 
 def head(c: apsw.Connection, run_id: str) -> tuple[Any, ...] | None:
-    """(snapshot, next_seq, format) of a run, or None."""
+    """(snapshot, next_seq, format, first_seq) of a run, or None."""
     return c.execute(
-        "SELECT snapshot, next_seq, format FROM run WHERE id = ?", (run_id,)
+        "SELECT snapshot, next_seq, format, first_seq FROM run WHERE id = ?", (run_id,)
     ).fetchone()
 
 
@@ -104,7 +108,37 @@ def tail(c: apsw.Connection, run_id: str, n: int) -> list[tuple[int, str]]:
 
 
 def delete(c: apsw.Connection, run_id: str) -> bool:
-    return c.execute("DELETE FROM run WHERE id = ? RETURNING id", (run_id,)).fetchone() is not None
+    if c.execute("DELETE FROM run WHERE id = ? RETURNING id", (run_id,)).fetchone() is None:
+        return False
+    _feed.record(c, "run", "delete", None, run_id)
+    return True
+
+
+def trim(c: apsw.Connection, run_id: str, before: int) -> int:
+    """Remove the entries with seq < before; the history then starts at that seq."""
+    row = c.execute("SELECT next_seq, first_seq FROM run WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    next_seq, first = row
+    new_first = min(max(before, first), next_seq)  # never past the last entry: no gap
+    removed = new_first - first
+    if removed == 0:
+        return 0
+    c.execute("UPDATE run SET first_seq = ? WHERE id = ?", (new_first, run_id))
+    c.execute("DELETE FROM run_entry WHERE run_id = ? AND seq < ?", (run_id, new_first))
+    _feed.record(c, "run", "trim", None, run_id, None, None, new_first, removed)
+    return removed
+
+
+def prune(c: apsw.Connection, cutoff: str, finished_only: bool) -> list[str]:
+    """Delete the runs last written before ``cutoff`` (only finished ones if asked)."""
+    ids = [r[0] for r in c.execute(
+        """SELECT id FROM run WHERE updated_at < ?1
+             AND (NOT ?2 OR (snapshot IS NOT NULL AND json_type(snapshot, '$.finished') = 'true'))
+           ORDER BY updated_at, id""", (cutoff, finished_only)).fetchall()]
+    for run_id in ids:
+        delete(c, run_id)
+    return ids
 
 
 def summaries(c: apsw.Connection) -> list[tuple[Any, ...]]:
@@ -120,22 +154,25 @@ def summaries(c: apsw.Connection) -> list[tuple[Any, ...]]:
 
 
 def fork(c: apsw.Connection, run_id: str, new_id: str, upto: int | None) -> None:
-    src = c.execute("SELECT snapshot FROM run WHERE id = ?", (run_id,)).fetchone()
+    src = c.execute("SELECT snapshot, first_seq, next_seq FROM run WHERE id = ?", (run_id,)).fetchone()
     if src is None:
         raise RunNotFound(f"no run {run_id!r} to fork")
     if c.execute("SELECT 1 FROM run WHERE id = ?", (new_id,)).fetchone():
         raise RunExists(f"run {new_id!r} exists already")
+    snapshot, first, next_seq = src
+    if upto is not None and upto < first:
+        raise HistoryGap(f"run {run_id!r} was trimmed: its history starts at seq {first}, "
+                         f"after upto={upto}")
+    end = next_seq if upto is None else min(upto + 1, next_seq)
     now = now_iso()
     c.execute(
-        "INSERT INTO run (id, snapshot, created_at, updated_at) VALUES (?, ?, ?, ?)",
-        (new_id, src[0], now, now),
+        """INSERT INTO run (id, snapshot, next_seq, first_seq, created_at, updated_at)
+           VALUES (?, ?, ?, ?, ?, ?)""",
+        (new_id, snapshot, end, first, now, now),
     )
     c.execute(
         """INSERT INTO run_entry (run_id, seq, entry)
-           SELECT ?1, seq, entry FROM run_entry WHERE run_id = ?2 AND seq <= ?3 ORDER BY seq""",
-        (new_id, run_id, (1 << 62) if upto is None else upto),
+           SELECT ?1, seq, entry FROM run_entry WHERE run_id = ?2 AND seq < ?3 ORDER BY seq""",
+        (new_id, run_id, end),
     )
-    c.execute(
-        "UPDATE run SET next_seq = (SELECT count(*) FROM run_entry WHERE run_id = ?1) WHERE id = ?1",
-        (new_id,),
-    )
+    _feed.record(c, "run", "fork", None, new_id, None, None, first, end - first)

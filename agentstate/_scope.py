@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -37,6 +39,18 @@ class Appended(NamedTuple):
 
 def _check_version(if_version: Any) -> int | None:
     return None if if_version is None else check_int("if_version", if_version)
+
+
+MAX_TTL = 1e11  # seconds (about 3,000 years): past it a datetime cannot say when
+
+
+def _expires(ttl: Any) -> float | None:
+    """The unix time a key written now with ``ttl`` expires at; None for no ttl."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
+        raise InvalidValue(f"ttl must be a number of seconds above 0 (at most {MAX_TTL:g}), got {ttl!r}")
+    return time.time() + ttl
 
 
 def _check_index(name: str, i: Any) -> None:
@@ -109,17 +123,21 @@ class Scope:
             row = _kv.get(c, self.kind, self.id, key)
         return Versioned(None, 0) if row is None else Versioned(_value(row), row[2])
 
-    def put(self, key: str, value: Any, *, if_version: int | None = None) -> int:
+    def put(self, key: str, value: Any, *, if_version: int | None = None,
+            ttl: float | None = None) -> int:
         """Write ``value``; return the new version.
+
+        ``ttl``: seconds until the key expires; None: it does not expire.
 
         :raises VersionConflict: ``if_version`` is not the current version (0: absent).
         :raises InvalidKey, InvalidValue, TooLarge: refused before anything is written.
         """
         check_key(key)
         if_version = _check_version(if_version)
+        expires = _expires(ttl)
         type_, stored, size, items = _encode_value(value)
         with self._store.write() as c:
-            return _kv.put(c, self.kind, self.id, key, type_, stored, size, items, if_version)
+            return _kv.put(c, self.kind, self.id, key, type_, stored, size, items, if_version, expires)
 
     def delete(self, key: str, *, if_version: int | None = None) -> bool:
         """Remove ``key``; True if it existed. :raises VersionConflict: as for put."""
@@ -146,7 +164,7 @@ class Scope:
         with self._store.write() as c:
             try:  # the compare-and-set (it writes nothing when it refuses)
                 _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
-                        0 if row is None else row[2])
+                        0 if row is None else row[2], _kv.KEEP)
                 return new
             except VersionConflict:
                 pass
@@ -154,19 +172,41 @@ class Scope:
             row = _kv.get(c, self.kind, self.id, key)
             new = fn(default if row is None else _value(row))
             type_, stored, size, items = _encode_value(new)
-            _kv.put(c, self.kind, self.id, key, type_, stored, size, items, None)
+            _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
+                    0 if row is None else row[2], _kv.KEEP)
         return new
 
-    def append(self, key: str, items: list[Any]) -> Appended:
+    def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> Appended:
         """Add ``items`` at the end of the list ``key`` (created if absent).
+
+        ``ttl``: seconds until the key expires; None keeps the expiry it had.
 
         :raises NotAList: the key holds another kind of value.
         :raises TooLarge: the whole list would be over 1 MiB of JSON.
         """
         check_key(key)
+        expires = _expires(ttl)
         texts, size = encode_items(items)
         with self._store.write() as c:
-            return Appended(*_kv.append(c, self.kind, self.id, key, texts, size))
+            return Appended(*_kv.append(c, self.kind, self.id, key, texts, size,
+                                        _kv.KEEP if expires is None else expires))
+
+    def touch(self, key: str, ttl: float | None = None) -> bool:
+        """Set a new expiry, ``ttl`` seconds from now (None: never); value and version
+        unchanged. False if the key is absent."""
+        check_key(key)
+        expires = _expires(ttl)
+        with self._store.write() as c:
+            return _kv.touch(c, self.kind, self.id, key, expires) is not None
+
+    def expires_at(self, key: str) -> datetime | None:
+        """When the key expires (UTC); None if it does not, or is absent."""
+        check_key(key)
+        with self._store.read() as c:
+            row = _kv.expires_at(c, self.kind, self.id, key)
+        if row is None or row[0] is None:
+            return None
+        return datetime.fromtimestamp(row[0], timezone.utc)
 
     def pop(self, key: str, n: int = 1) -> list[Any]:
         """Remove the last ``n`` items of the list ``key`` and return them in list order.
@@ -219,17 +259,19 @@ class Scope:
         with self._store.read() as c:
             return _kv.keys(c, self.kind, self.id, prefix, after, limit)
 
-    def put_bytes(self, key: str, data: bytes, *, if_version: int | None = None) -> int:
-        """Store raw bytes under ``key``; return the new version."""
+    def put_bytes(self, key: str, data: bytes, *, if_version: int | None = None,
+                  ttl: float | None = None) -> int:
+        """Store raw bytes under ``key``; return the new version (``ttl`` as for put)."""
         check_key(key)
         if_version = _check_version(if_version)
+        expires = _expires(ttl)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidValue(f"data must be bytes, got {type(data).__name__}")
         data = bytes(data)
         if len(data) > MAX_VALUE:
             raise TooLarge(f"value is {len(data)} bytes, over the limit of {MAX_VALUE}", len(data), MAX_VALUE)
         with self._store.write() as c:
-            return _kv.put(c, self.kind, self.id, key, "bytes", data, len(data), None, if_version)
+            return _kv.put(c, self.kind, self.id, key, "bytes", data, len(data), None, if_version, expires)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes; a JSON value as its UTF-8 JSON text; None when absent."""
@@ -259,6 +301,8 @@ class Scope:
     alist = _async(list)
     aput_bytes = _async(put_bytes)
     aget_bytes = _async(get_bytes)
+    atouch = _async(touch)
+    aexpires_at = _async(expires_at)
 
     async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
         """The async twin of :meth:`update`; ``fn`` may be a plain or an async function.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic.dataclasses import dataclass
 
 from . import _sessions_repo as repo
+from ._connection import iso
 from ._encoding import check_key, decode, encode, is_key
 from ._runs import parse_time
 from ._scope import Scope
@@ -171,6 +173,23 @@ class Sessions:
         """The scope ``session:{id}``, after the access check."""
         self.get(session_id, principal)
         return Scope(self._store, "session", session_id)
+
+    def prune(self, principal: Principal, *, idle_for: float) -> list[str]:
+        """Admins only: delete the sessions with no turn started for ``idle_for``
+        seconds and none queued or running, with their turns and session-scope
+        state; return their ids. :raises Forbidden: not an admin."""
+        p = _principal(principal)
+        if isinstance(idle_for, bool) or not isinstance(idle_for, (int, float)) \
+                or not 0 <= idle_for < 1e11:
+            raise InvalidValue(f"idle_for must be a number of seconds >= 0, got {idle_for!r}")
+        if not p.admin:
+            raise Forbidden(f"only an admin may prune sessions ({p.name} is not one)")
+        with self._store.write() as c:
+            now = time.time()
+            ids = repo.idle(c, iso(now - idle_for), now)
+            for session_id in ids:
+                repo.delete(c, session_id)
+        return ids
 
     # -- turns ---------------------------------------------------------------
 

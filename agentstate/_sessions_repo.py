@@ -12,7 +12,7 @@ from typing import Any
 
 import apsw
 
-from . import _kv
+from . import _feed, _kv
 from ._connection import now_iso
 from .errors import InvalidTransition, NotFound, SessionBusy
 
@@ -37,6 +37,7 @@ def create(c: apsw.Connection, session_id: str, owner: str, metadata: str) -> tu
         "INSERT INTO session (id, owner, created_at, metadata) VALUES (?, ?, ?, ?)",
         (session_id, owner, now, metadata),
     )
+    _feed.record(c, "session", "create", None, session_id)
     return (session_id, owner, now, metadata)
 
 
@@ -56,14 +57,27 @@ def delete(c: apsw.Connection, session_id: str) -> None:
     """The session, its turns (cascade) and its session-scope keys, remembering versions."""
     _kv.drop_scope(c, "session", session_id)
     c.execute("DELETE FROM session WHERE id = ?", (session_id,))
+    _feed.record(c, "session", "delete", None, session_id)
+
+
+def idle(c: apsw.Connection, cutoff: str, now: float) -> list[str]:
+    """Sessions with no turn started since ``cutoff`` and none queued, running or resuming
+    (with a live lease), oldest first."""
+    return [r[0] for r in c.execute(
+        """SELECT s.id FROM session s
+           WHERE coalesce((SELECT max(created_at) FROM turn WHERE session_id = s.id), s.created_at) < ?1
+             AND NOT EXISTS (SELECT 1 FROM turn WHERE session_id = s.id
+                             AND status IN ('queued', 'running', 'resuming') AND lease_until >= ?2)
+           ORDER BY s.created_at, s.id""", (cutoff, now)).fetchall()]
 
 
 def expire_lapsed(c: apsw.Connection, session_id: str, now: float) -> None:
-    c.execute(
+    for (turn_id,) in c.execute(
         f"""UPDATE turn SET status = 'expired', updated_at = ?
-            WHERE session_id = ? AND status IN {LEASED} AND lease_until < ?""",
+            WHERE session_id = ? AND status IN {LEASED} AND lease_until < ? RETURNING id""",
         (now_iso(), session_id, now),
-    )
+    ).fetchall():
+        _feed.record(c, "session", "expired", None, session_id, turn_id)
 
 
 def start(
@@ -74,7 +88,7 @@ def start(
     expire_lapsed(c, session_id, now)
     stamp = now_iso()
     try:
-        return c.execute(
+        row = c.execute(
             f"""INSERT INTO turn (id, session_id, n, status, input, lease, lease_until,
                                   created_at, updated_at)
                 VALUES (?1, ?2, 1 + coalesce((SELECT max(n) FROM turn WHERE session_id = ?2), 0),
@@ -82,6 +96,8 @@ def start(
                 RETURNING {TURN_COLUMNS}""",
             (turn_id, session_id, status, input_, lease, now + lease, stamp),
         ).fetchone()
+        _feed.record(c, "session", status, None, session_id, turn_id)
+        return row
     except apsw.ConstraintError:
         active = c.execute(
             "SELECT id FROM turn WHERE session_id = ? AND status IN ('queued', 'running')",
@@ -129,6 +145,7 @@ def move(
         params,
     ).fetchone()
     if row is not None:
+        _feed.record(c, "session", to, None, row[1], turn_id)
         return row
     cur = turn_row(c, turn_id)
     if cur is None:  # pragma: no cover - the caller checked access first

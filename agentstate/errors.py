@@ -138,3 +138,16 @@ class StorageError(AgentStateError, OSError):
 
     code, status = "storage_error", 500
     outcome_unknown = False
+
+
+class CursorExpired(AgentStateError, LookupError):
+    """The changes after ``since`` are no longer kept (retention): resynchronise from the
+    current state and go on from ``last_change()``."""
+
+    code, status = "cursor_expired", 410
+
+
+class Unauthorized(AgentStateError, PermissionError):
+    """No token, or a token the server does not know."""
+
+    code, status = "unauthorized", 401

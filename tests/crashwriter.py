@@ -38,7 +38,7 @@ def main(path: str, log_path: str, trial: int, seed: int) -> None:
     i = 0
     while True:
         i += 1
-        op = rnd.randrange(7)
+        op = rnd.randrange(9)
         tag = f"{trial}-{i}"
         if op == 0:
             kv.put(f"p{tag}", {"tag": tag, "pad": "x" * rnd.randrange(0, 3000)})
@@ -67,6 +67,10 @@ def main(path: str, log_path: str, trial: int, seed: int) -> None:
         elif op == 5:
             db.runs.write(f"c{tag}", [{"seq": 0}, {"seq": 1}, {"seq": 2}], {"tag": tag}, create=True)
             ack(f"create {tag}")
+        elif op == 7:
+            ttl = rnd.choice([0.05, 3600])
+            kv.put(f"e{tag}", tag, ttl=ttl)
+            ack(f"ttlput {tag} {ttl}")
         else:
             try:
                 turn = db.sessions.start_turn(sid, ALICE, lease=0.5)

@@ -88,6 +88,12 @@ def verify(db_path: str, log_path: str, trials_done: int, first_line: int) -> in
                     [{"seq": 0}, {"seq": 1}, {"seq": 2}], {"tag": rest[0]})
             elif word == "turn":
                 assert db.sessions.get_turn(rest[0], agentstate.Principal("alice")).status == "finished"
+            elif word == "ttlput":
+                tag, ttl = rest
+                if float(ttl) > 60:
+                    assert kv.get(f"e{tag}") == tag and kv.expires_at(f"e{tag}") is not None
+                else:  # expired by now, or written in the last 50 ms before a kill
+                    assert kv.get(f"e{tag}") in (None, tag)
         for seq, tag in acked_seqs.items():
             assert history[seq]["tag"] == tag
         # all or nothing for transactions and creates, acknowledged or not
@@ -100,7 +106,61 @@ def verify(db_path: str, log_path: str, trials_done: int, first_line: int) -> in
         for s in db.runs.list():
             if s.id.startswith("c"):
                 assert len(db.runs.read(s.id).entries) == 3
+        verify_feed(db, lines[first_line:])
         return len(lines)
+
+
+def verify_feed(db: agentstate.Database, acked: list[str]) -> None:
+    """The feed and the state agree, whatever moment the kills hit: every committed write has
+    exactly its change rows, no more, no fewer (the feed keeps everything here: 7 days)."""
+    chs = db.changes(0, limit=10_000)
+    while len(chs) % 10_000 == 0 and chs:
+        more = db.changes(chs[-1].seq, limit=10_000)
+        if not more:
+            break
+        chs += more
+    assert [c.seq for c in chs] == list(range(1, db.last_change() + 1))  # none missing
+    by_key: dict[tuple, list] = {}
+    for c in chs:
+        if c.topic == "kv":
+            by_key.setdefault((c.kind, c.scope_id, c.key), []).append(c)
+    kv, agent = db.scope("session", "crash"), db.scope("agent", "crash")
+    for (kind, sid, key), rows in by_key.items():
+        value, version = db.scope(kind, sid).get_versioned(key)
+        last = rows[-1]
+        if version:  # present: its newest change is the write that made this version
+            assert last.op in ("put", "append", "pop", "touch") and last.version == version, (key, last)
+        else:
+            assert last.op in ("delete", "expire") or (last.op == "put" and key.startswith("e")), (key, last)
+        versions = [r.version for r in rows if r.op in ("put", "append", "pop")]
+        assert all(a < b for a, b in zip(versions, versions[1:])), (key, versions)  # none doubled
+    # one put row per increment: none doubled, none missing
+    assert len(by_key.get(("agent", "crash", "counter"), [])) == agent.get("counter", 0)
+    assert len(by_key.get(("user", "crash", "txns"), [])) == db.scope("user", "crash").get("txns", 0)
+    for key in ("list0", "list1", "list2"):
+        rows = by_key.get(("session", "crash", key), [])
+        since_clear = []
+        for r in rows:
+            since_clear = [] if r.op in ("delete", "put") else since_clear + [r]
+        assert sum(r.count for r in since_clear if r.op == "append") == kv.length(key)
+    runs: dict[str, list] = {}
+    for c in chs:
+        if c.topic == "run":
+            runs.setdefault(c.scope_id, []).append(c)
+    for run_id, rows in runs.items():
+        assert rows[0].op == "create" and all(r.op == "write" for r in rows[1:])
+        assert sum(r.count for r in rows) == len(db.runs.read(run_id).entries), run_id
+    alice = agentstate.Principal("alice")
+    turns: dict[str, list[str]] = {}
+    for c in chs:
+        if c.topic == "session" and c.key is not None:
+            turns.setdefault(c.key, []).append(c.op)
+    for line in acked:
+        if line.startswith("turn "):
+            assert turns[line.split()[1]] == ["running", "finished"]
+    for turn_id, ops in turns.items():
+        status = db.sessions.get_turn(turn_id, alice).status
+        assert ops[-1] == status or (status == "expired" and ops[-1] == "running"), (turn_id, ops)
 
 
 def test_kill_9_default(tmp_path):

@@ -70,6 +70,8 @@ def test_every_table_is_strict(db):
     rows = db._store.query("SELECT name, sql FROM sqlite_schema WHERE type = 'table'")
     assert {r[0] for r in rows} >= {"kv", "list_item", "kv_deleted"}
     for name, sql in rows:
+        if name.startswith("sqlite_"):  # SQLite's own (sqlite_sequence, for AUTOINCREMENT)
+            continue
         assert "STRICT" in sql, name
 
 
@@ -93,14 +95,15 @@ def test_migration_ladder_runs_in_one_transaction(db_path, monkeypatch):
     v = _connection.SCHEMA_VERSION
     monkeypatch.setattr(_connection, "SCHEMA_VERSION", v + 2)
     monkeypatch.setattr(_connection, "MIGRATIONS", {
-        v: "CREATE TABLE extra (x INTEGER) STRICT;",
-        v + 1: "INSERT INTO nonexistent VALUES (1);",
+        v: lambda c, schema: c.execute("CREATE TABLE extra (x INTEGER) STRICT;"),
+        v + 1: lambda c, schema: c.execute("INSERT INTO nonexistent VALUES (1);"),
     })
     before = file_digest(db_path)
     with pytest.raises(agentstate.AgentStateError):
         agentstate.open(db_path)
     assert file_digest(db_path) == before
-    monkeypatch.setitem(_connection.MIGRATIONS, v + 1, "INSERT INTO extra VALUES (1);")
+    monkeypatch.setitem(_connection.MIGRATIONS, v + 1,
+                        lambda c, schema: c.execute("INSERT INTO extra VALUES (1);"))
     with agentstate.open(db_path) as db:
         c = db._store.conn()
         assert c.pragma("user_version") == v + 2

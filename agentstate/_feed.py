@@ -1,0 +1,80 @@
+"""Repository of the change feed (SPEC §9) and of the settings (SPEC §10).
+
+``record`` is called by every write, inside the write's own transaction, so a
+change row exists exactly when its write does. ``purge`` is the bounded
+housekeeping each write transaction does before it commits (Store.write):
+a few feed rows past the retention and a few expired keys.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import apsw
+
+from ._connection import iso, now_iso
+
+DEFAULTS: dict[str, Any] = {
+    "feed_retention": 604_800,  # seconds of changes kept at least (7 days); 0: the feed is off
+}
+PURGE_BATCH = 32  # rows of each kind a purge step removes at most
+
+# One statement: no row while the feed is off (feed_retention = 0).
+_RECORD = """
+INSERT INTO change (at, topic, op, kind, scope_id, key, version, start, count)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9
+WHERE NOT EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0)"""
+
+COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
+
+
+def record(c: apsw.Connection, topic: str, op: str, kind: str | None = None,
+           sid: str | None = None, key: str | None = None, version: int | None = None,
+           start: int | None = None, count: int | None = None) -> None:
+    c.execute(_RECORD, (now_iso(), topic, op, kind, sid, key, version, start, count))
+
+
+def head(c: apsw.Connection) -> int:
+    """The newest seq ever handed out (kept or purged); 0 on a new file."""
+    row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'change'").fetchone()
+    return row[0] if row else 0
+
+
+def oldest(c: apsw.Connection) -> int | None:
+    row = c.execute("SELECT min(seq) FROM change").fetchone()
+    return row[0]
+
+
+def changes(c: apsw.Connection, since: int, limit: int, filters: dict[str, Any]) -> list[tuple[Any, ...]]:
+    where = "".join(f" AND {name} = :{name}" for name in filters)
+    return c.execute(
+        f"SELECT {COLUMNS} FROM change WHERE seq > :since{where} ORDER BY seq LIMIT :limit",
+        {"since": since, "limit": limit, **filters},
+    ).fetchall()
+
+
+def setting(c: apsw.Connection, name: str) -> Any:
+    row = c.execute("SELECT value FROM setting WHERE name = ?", (name,)).fetchone()
+    return DEFAULTS[name] if row is None else row[0]
+
+
+def settings(c: apsw.Connection) -> dict[str, Any]:
+    return {**DEFAULTS, **dict(c.execute("SELECT name, value FROM setting").fetchall())}
+
+
+def set_setting(c: apsw.Connection, name: str, value: Any) -> None:
+    c.execute("INSERT INTO setting (name, value) VALUES (?, ?) "
+              "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
+
+
+def purge(c: apsw.Connection, batch: int = PURGE_BATCH) -> int:
+    """Remove up to ``batch`` feed rows past the retention and ``batch`` expired keys."""
+    from . import _kv  # the kv repository records its own 'expire' changes
+
+    now = time.time()
+    cutoff = iso(max(0.0, now - setting(c, "feed_retention")))
+    n = c.execute(
+        """DELETE FROM change WHERE seq IN (SELECT seq FROM change ORDER BY seq LIMIT ?)
+           AND at < ? RETURNING seq""", (batch, cutoff)).fetchall()
+    return len(n) + _kv.purge_expired(c, now, batch)
