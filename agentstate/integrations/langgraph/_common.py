@@ -1,0 +1,197 @@
+"""What the LangGraph saver and store share.
+
+- Key tokens: LangGraph ids (thread ids, namespaces, task ids, item keys) are
+  free text, agentstate keys are ``[A-Za-z0-9._:-]{1,200}``. ``esc`` maps text
+  to key characters reversibly; a token too long for its slot becomes a
+  128-bit hash (``_h...``), and the original always travels in the value.
+- Payloads: serialized bytes up to ``INLINE`` ride inside the JSON record
+  (base64); bigger ones get their own bytes keys, 1 MiB each (the core's limit
+  for one value), so nothing is too large to store.
+- ``conn_string``: open an agentstate file where LangGraph's SQLite classes
+  take a path (``from_conn_string``), including ``":memory:"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import hashlib
+import shutil
+import string
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import agentstate
+
+INLINE = 2048  # bytes: a payload this small stays inside its JSON record
+CHUNK = 1 << 20  # bytes: the core's limit for one value
+PAGE = 500  # keys per list() call when scanning a prefix
+
+_KEEP = frozenset(string.ascii_letters + string.digits + "-")
+_COMPLEMENT = str.maketrans("0123456789abcdef", "fedcba9876543210")
+
+
+class Missing(LookupError):
+    """A payload key a record points at is gone: the record was deleted meanwhile."""
+
+
+def esc(text: str) -> str:
+    """``text`` in key characters, reversibly: ``[A-Za-z0-9-]`` stay, every other
+    UTF-8 byte becomes ``_xx``. The result never contains ``.`` or ``:``, so
+    those separate the parts of a key."""
+    if all(ch in _KEEP for ch in text):
+        return text
+    return "".join(
+        ch if ch in _KEEP else "".join(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+        for ch in text
+    )
+
+
+def unesc(text: str) -> str:
+    """The text ``esc`` was given."""
+    if "_" not in text:
+        return text
+    out, i = bytearray(), 0
+    while i < len(text):
+        if text[i] == "_":
+            out.append(int(text[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += text[i].encode("ascii")
+            i += 1
+    return out.decode("utf-8", "surrogatepass")
+
+
+def digest(text: str) -> str:
+    """A 128-bit hash of ``text`` in key characters (26 of ``a-z2-7``)."""
+    raw = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+
+
+def token(text: str, limit: int) -> str:
+    """``esc(text)`` when it fits in ``limit`` characters, else ``_h`` + its hash.
+    (``esc`` never writes ``_h``: after ``_`` come two hex digits.)"""
+    e = esc(text)
+    return e if len(e) <= limit else "_h" + digest(text)
+
+
+def descending(text: str, max_bytes: int = 64) -> str:
+    """A key part that sorts in the opposite order of ``text`` (by UTF-8 bytes):
+    the complemented hex digits, then ``z``, which sorts after every hex digit,
+    so a longer id that extends a shorter one sorts before it.
+
+    :raises InvalidKey: ``text`` is longer than ``max_bytes`` bytes.
+    """
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) > max_bytes:
+        raise agentstate.InvalidKey(
+            f"id {text[:40]!r}... is {len(raw)} bytes; at most {max_bytes} keep their order"
+        )
+    return raw.hex().translate(_COMPLEMENT) + "z"
+
+
+def keys(scope: agentstate.Scope, prefix: str, after: str | None = None) -> Iterator[str]:
+    """Every key of ``scope`` starting with ``prefix`` (after ``after``), a page at a time."""
+    while True:
+        page = scope.list(prefix, after=after, limit=PAGE)
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = page[-1]
+
+
+# -- payloads ---------------------------------------------------------------------
+
+
+def segment(base: str, data: bytes | memoryview, pending: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The segment that finds ``data`` again: inline when small, else the keys
+    ``base.0``, ``base.1``, ... which are added to ``pending`` for ``write``."""
+    if len(data) <= INLINE:
+        return {"data": base64.b64encode(data).decode("ascii")}
+    pending.append((base, data))
+    return {"key": base, "size": len(data)}
+
+
+def write(scope: agentstate.Scope, pending: list[tuple[str, Any]]) -> None:
+    """Store the chunks of ``pending`` segments (call inside a transaction)."""
+    for base, data in pending:
+        for k, start in enumerate(range(0, len(data), CHUNK)):
+            scope.put_bytes(f"{base}.{k}", bytes(data[start:start + CHUNK]))
+
+
+def stash(scope: agentstate.Scope, base: str, data: bytes | memoryview) -> dict[str, Any]:
+    """``segment`` and ``write`` at once (call inside a transaction)."""
+    pending: list[tuple[str, Any]] = []
+    seg = segment(base, data, pending)
+    write(scope, pending)
+    return seg
+
+
+def seg_size(seg: dict[str, Any]) -> int:
+    return seg["size"] if "key" in seg else len(base64.b64decode(seg["data"]))
+
+
+def seg_keys(seg: dict[str, Any]) -> list[str]:
+    """The keys holding a segment's bytes ([] for inline data)."""
+    if "key" not in seg:
+        return []
+    return [f"{seg['key']}.{k}" for k in range((seg["size"] + CHUNK - 1) // CHUNK)]
+
+
+def fetch(scope: agentstate.Scope, seg: dict[str, Any], cache: dict[str, bytes] | None = None) -> bytes:
+    """The bytes of a segment. :raises Missing: a chunk key is gone."""
+    if "key" not in seg:
+        return base64.b64decode(seg["data"])
+    base = seg["key"]
+    if cache is not None and base in cache:
+        return cache[base]
+    parts = []
+    for key in seg_keys(seg):
+        part = scope.get_bytes(key)
+        if part is None:
+            raise Missing(key)
+        parts.append(part)
+    data = b"".join(parts)
+    if cache is not None:
+        cache[base] = data
+    return data
+
+
+# -- opening and threads ------------------------------------------------------------
+
+
+@contextmanager
+def conn_string(path: str) -> Iterator[agentstate.Database]:
+    """An agentstate database at ``path``, closed on exit. ``":memory:"`` is a
+    file in a private temporary folder, removed on exit (agentstate is
+    file-based: its guarantees are across processes)."""
+    folder = tempfile.mkdtemp(prefix="agentstate-") if path == ":memory:" else None
+    db = agentstate.open(str(Path(folder) / "memory.db") if folder else path)
+    try:
+        yield db
+    finally:
+        db.close()
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The async twin of a method: the same call in a worker thread.
+
+    SQLite waits (locks, fsync) happen off the event loop; nothing bound to a
+    loop is kept, so one object serves any number of loops. A cancelled caller
+    stops waiting, while the call itself still ends whole: each call is one
+    transaction, committed or rolled back, never half-written.
+    """
+
+    @functools.wraps(fn)
+    async def twin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, self, *args, **kwargs)
+
+    twin.__name__ = twin.__qualname__ = "a" + fn.__name__
+    twin.__doc__ = f"Async twin of ``{fn.__name__}``, run in a worker thread.\n\n{fn.__doc__ or ''}"
+    return twin

@@ -1,0 +1,478 @@
+"""``AgentStateStore``: LangGraph's long-term memory store on agentstate.
+
+Layout. One scope, ``app:langgraph.store``; ``<ns>`` is the namespace's labels
+escaped and joined with ``.``, ``<key>`` the escaped item key (each hashed when
+too long; the originals are in the item):
+
+=========================  =====================================================
+``i.<ns>:<key>``           the item (JSON): value, times, ttl and expiry
+``u.<ns>:<t↓>.<key>``      recency index: newest first, so a search reads only
+                           the items it returns (a filter reads until it has
+                           enough)
+``x.<t>.<ns>:<key>``       expiry index, soonest first: ``sweep_ttl`` reads
+                           only what has expired
+``n.<ns>``                 the namespace, while it has items
+=========================  =====================================================
+
+An item, its index keys and its namespace change in one transaction. An
+expired item is absent to every read from the instant it expires;
+``sweep_ttl`` removes its keys. TTLs are in minutes, as in LangGraph.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    validate_op_namespace,
+)
+
+import agentstate
+
+from ._common import PAGE, conn_string, digest, esc, in_thread, token, unesc
+
+logger = logging.getLogger(__name__)
+
+_FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
+_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+_NUMBER_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_FAR = 10**17  # microseconds; 17 digits hold any time this side of year 5000
+
+
+class AgentStateStore(BaseStore):
+    """A LangGraph store (``BaseStore``) that keeps its items in an agentstate file.
+
+    ``AgentStateStore(db, ttl={"default_ttl": 60, "refresh_on_read": True})``
+    stands where ``SqliteStore(conn, ttl=...)`` stood. ``batch`` and ``abatch``
+    run get, search (filters, paging), list_namespaces and put/delete; the
+    reads of a batch see the store before its writes, and its writes are one
+    transaction. Search by embedding (``index=``) is not implemented.
+    """
+
+    supports_ttl = True
+
+    def __init__(self, db: agentstate.Database, *, ttl: TTLConfig | None = None,
+                 index: Any = None) -> None:
+        if index is not None:
+            raise NotImplementedError("AgentStateStore does not search by embedding (index=)")
+        self.db = db
+        self.ttl_config = ttl
+        self._scope = db.scope("app", "langgraph.store")
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(cls, path: str, *, ttl: TTLConfig | None = None,
+                         index: Any = None) -> Iterator[AgentStateStore]:
+        """A store on the agentstate file at ``path`` (``":memory:"``: a temporary one),
+        closed on exit, like ``SqliteStore.from_conn_string``."""
+        with conn_string(path) as db:
+            store = cls(db, ttl=ttl, index=index)
+            try:
+                yield store
+            finally:
+                store._stop_sweeper(None)
+
+    def setup(self) -> None:
+        """Nothing to do: the agentstate file carries its own schema."""
+
+    # -- batch -------------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run ``ops``; results in their order (None for puts).
+
+        Reads first, as LangGraph's own stores do; then the puts (the last one
+        of a namespace and key wins) and TTL refreshes in one transaction.
+
+        :raises InvalidNamespaceError: a namespace label is not a non-empty
+            string without ``.``; nothing runs.
+        :raises ValueError: a filter key or operator LangGraph's SQLite store refuses.
+        :raises InvalidValue, TooLarge: a value that is not JSON, or over 1 MiB.
+        """
+        ops = list(ops)
+        for op in ops:
+            validate_op_namespace(op)
+            if isinstance(op, SearchOp):
+                _check_filter(op.filter)
+        now = time.time()
+        results: list[Result] = []
+        refresh: dict[str, dict[str, Any]] = {}
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for op in ops:
+            if isinstance(op, GetOp):
+                results.append(self._get(op, now, refresh))
+            elif isinstance(op, SearchOp):
+                results.append(self._search(op, now, refresh))
+            elif isinstance(op, ListNamespacesOp):
+                results.append(self._list_namespaces(op))
+            elif isinstance(op, PutOp):
+                puts[(tuple(op.namespace), op.key)] = op
+                results.append(None)
+            else:
+                raise ValueError(f"unknown store operation {op!r}")
+        if puts or refresh:
+            with self.db.transaction():
+                for op in puts.values():
+                    self._put(op, now)
+                    refresh.pop(self._item_key(tuple(op.namespace), op.key), None)
+                for key, item in refresh.items():
+                    self._refresh(key, item, now)
+        return results
+
+    abatch = in_thread(batch)
+
+    # -- keys ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ns_token(namespace: tuple[str, ...]) -> str:
+        joined = ".".join(esc(label) for label in namespace)
+        return joined if len(joined) <= 100 else "_h" + digest(".".join(namespace))
+
+    def _item_key(self, namespace: tuple[str, ...], key: str) -> str:
+        return f"i.{self._ns_token(namespace)}:{token(key, 60)}"
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _get(self, op: GetOp, now: float, refresh: dict[str, dict[str, Any]]) -> Item | None:
+        key = self._item_key(tuple(op.namespace), op.key)
+        item = self._scope.get(key)
+        if not _live(item, now) or item["key"] != op.key or tuple(item["ns"]) != tuple(op.namespace):
+            return None
+        self._want_refresh(op.refresh_ttl, key, item, refresh)
+        return _item(item, Item)
+
+    def _want_refresh(self, asked: bool, key: str, item: dict[str, Any],
+                      refresh: dict[str, dict[str, Any]]) -> None:
+        """LangGraph's SQLite store refreshes on a read only when its ttl config
+        says ``refresh_on_read`` and the read did not say ``refresh_ttl=False``."""
+        if asked and item["ttl"] is not None and (self.ttl_config or {}).get("refresh_on_read"):
+            refresh[key] = item
+
+    def _search(self, op: SearchOp, now: float, refresh: dict[str, dict[str, Any]]) -> list[SearchItem]:
+        """Items of the namespaces under ``op.namespace_prefix``, newest update first.
+
+        Walks the recency index of each namespace, merged, so it reads the items
+        it returns, plus those a filter turns down. (``query`` needs an
+        embedding index, which this store does not have; it is ignored, as
+        LangGraph's SQLite store ignores it without one.)
+        """
+        want = op.offset + op.limit
+        if op.limit <= 0:
+            return []
+        streams = [self._recent(n, want + 1)
+                   for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
+        found: list[SearchItem] = []
+        skip = op.offset
+        for stamp, n, key_token in heapq.merge(*streams):
+            key = f"i.{n}:{key_token}"
+            item = self._scope.get(key)
+            if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
+                continue  # gone, updated since the index was read, or filtered out
+            if skip:
+                skip -= 1
+                continue
+            self._want_refresh(op.refresh_ttl, key, item, refresh)
+            found.append(_item(item, SearchItem))
+            if len(found) == op.limit:
+                break
+        return found
+
+    def _recent(self, n: str, first: int) -> Iterator[tuple[str, str, str]]:
+        """(time stamp, namespace token, key token) of a namespace's items, newest first."""
+        start = len(n) + 3
+        for k in _keys(self._scope, f"u.{n}:", first=first):
+            yield k[start:start + 17], n, k[start + 18:]
+
+    def _namespaces(self, path: tuple[str, ...], *, prefix_only: bool = False
+                    ) -> Iterator[tuple[str, tuple[str, ...]]]:
+        """(token, namespace) of stored namespaces that may start with ``path``:
+        the labels before the first ``*`` narrow the scan; hashed (long)
+        namespaces are always read. With ``prefix_only`` the result is exact."""
+        lead = []
+        for label in path:
+            if label == "*" and not prefix_only:
+                break
+            lead.append(esc(label))
+        starts = [f"n.{'.'.join(lead)}"] if lead else ["n."]
+        if lead and not starts[0].startswith("n._h"):
+            starts.append("n._h")
+        for start in starts:
+            for k in _keys(self._scope, start):
+                if k.startswith("n._h"):  # hashed: the namespace is in the value
+                    entry = self._scope.get(k)
+                    if entry is None:
+                        continue
+                    ns = tuple(entry["ns"])
+                else:
+                    ns = tuple(unesc(label) for label in k[2:].split("."))
+                if prefix_only and ns[:len(path)] != path:
+                    continue
+                yield k[2:], ns
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        conditions = [c for c in op.match_conditions or () if c.path]
+        prefixes = [tuple(c.path) for c in conditions if c.match_type == "prefix"]
+        found = set()
+        for _n, ns in self._namespaces(prefixes[0] if prefixes else ()):
+            if all(_match(c, ns) for c in conditions):
+                found.add(ns if op.max_depth is None else ns[:op.max_depth])
+        ordered = sorted(found, key=".".join)
+        return ordered[op.offset:op.offset + op.limit]
+
+    # -- writes (inside the batch's transaction) -------------------------------------------
+
+    def _put(self, op: PutOp, now: float) -> None:
+        ns = tuple(op.namespace)
+        n = self._ns_token(ns)
+        key = f"i.{n}:{token(op.key, 60)}"
+        old = self._scope.get(key)
+        if old is not None:
+            self._unindex(n, key, old)
+        if op.value is None:
+            if old is not None:
+                self._scope.delete(key)
+                if not self._scope.list(f"i.{n}:", limit=1):
+                    self._scope.delete(f"n.{n}")
+            return
+        stamp = f"{_FAR - int(now * 1e6):017d}"
+        created = old["created_at"] if _live(old, now) else now
+        expires = None if op.ttl is None else now + op.ttl * 60
+        item = {"ns": list(ns), "key": op.key, "value": dict(op.value), "created_at": created,
+                "updated_at": now, "ttl": op.ttl, "expires_at": expires, "r": stamp}
+        self._scope.put(key, item)
+        self._scope.put(f"u.{n}:{stamp}.{key[len(n) + 3:]}", 0)
+        if expires is not None:
+            self._scope.put(f"x.{_stamp(expires)}.{key[2:]}", 0)
+        if old is None:
+            if self._scope.get(f"n.{n}") is None:
+                self._scope.put(f"n.{n}", {"ns": list(ns)})
+
+    def _unindex(self, n: str, key: str, item: dict[str, Any]) -> None:
+        """Remove an item's index keys (its recency and expiry)."""
+        self._scope.delete(f"u.{n}:{item['r']}.{key[len(n) + 3:]}")
+        if item["expires_at"] is not None:
+            self._scope.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
+
+    def _refresh(self, key: str, seen: dict[str, Any], now: float) -> None:
+        """Push an item's expiry ``ttl`` minutes past now, if it is still the one read."""
+        item = self._scope.get(key)
+        if item is None or item["r"] != seen["r"] or not _live(item, now):
+            return
+        if item["expires_at"] is not None:
+            self._scope.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
+        item["expires_at"] = now + item["ttl"] * 60
+        self._scope.put(key, item)
+        self._scope.put(f"x.{_stamp(item['expires_at'])}.{key[2:]}", 0)
+
+    # -- expiry ------------------------------------------------------------------------------
+
+    def sweep_ttl(self) -> int:
+        """Remove the items whose TTL has passed; return how many.
+
+        Reads the expiry index up to now, a page per transaction, so a sweep
+        holds the write lock briefly however much has expired.
+        """
+        return self._sweep()
+
+    async def asweep_ttl(self) -> int:
+        """Async twin of ``sweep_ttl``, run in a worker thread."""
+        return await asyncio.to_thread(self._sweep)
+
+    def _sweep(self) -> int:
+        removed = 0
+        while True:
+            now = time.time()
+            cut = _stamp(now)
+            with self.db.transaction():
+                due = [k for k in self._scope.list("x.", limit=PAGE) if k[2:19] <= cut]
+                for x in due:
+                    key = "i." + x[20:]
+                    item = self._scope.get(key)
+                    self._scope.delete(x)
+                    if item is not None and item["expires_at"] is not None \
+                            and _stamp(item["expires_at"]) == x[2:19]:
+                        n = key[2:key.index(":")]
+                        self._unindex(n, key, item)
+                        self._scope.delete(key)
+                        if not self._scope.list(f"i.{n}:", limit=1):
+                            self._scope.delete(f"n.{n}")
+                        removed += 1
+            if len(due) < PAGE:
+                return removed
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None
+                          ) -> concurrent.futures.Future[None]:
+        """Sweep in a background thread every ``sweep_interval_minutes`` (default:
+        the ttl config's, else 5); the future completes when it stops."""
+        return self._start_sweeper(sweep_interval_minutes)
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper thread; True if it has stopped (or never ran)."""
+        return self._stop_sweeper(timeout)
+
+    def _start_sweeper(self, sweep_interval_minutes: float | None) -> concurrent.futures.Future[None]:
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if self._sweeper is not None and self._sweeper.is_alive():
+            done.set_result(None)
+            return done
+        interval = 60 * (sweep_interval_minutes
+                         or (self.ttl_config or {}).get("sweep_interval_minutes") or 5)
+        self._stop.clear()
+
+        def loop() -> None:
+            try:
+                while not self._stop.wait(interval):
+                    try:
+                        self._sweep()
+                    except Exception:  # a locked or closed file: try again next time
+                        logger.exception("TTL sweep failed")
+            finally:
+                done.set_result(None)
+
+        self._sweeper = threading.Thread(target=loop, daemon=True, name="agentstate-ttl-sweeper")
+        self._sweeper.start()
+        return done
+
+    def _stop_sweeper(self, timeout: float | None) -> bool:
+        if self._sweeper is None:
+            return True
+        self._stop.set()
+        self._sweeper.join(timeout)
+        stopped = not self._sweeper.is_alive()
+        if stopped:
+            self._sweeper = None
+        return stopped
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _keys(scope: agentstate.Scope, prefix: str, first: int = PAGE) -> Iterator[str]:
+    """Keys with ``prefix``, in pages that start at ``first`` and double up to PAGE."""
+    after, size = None, max(1, min(first, PAGE))
+    while True:
+        page = scope.list(prefix, after=after, limit=size)
+        yield from page
+        if len(page) < size:
+            return
+        after, size = page[-1], min(size * 2, PAGE)
+
+
+def _stamp(t: float) -> str:
+    return f"{int(t * 1e6):017d}"
+
+
+def _live(item: dict[str, Any] | None, now: float) -> bool:
+    return item is not None and (item["expires_at"] is None or item["expires_at"] > now)
+
+
+def _time(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
+
+
+def _item(item: dict[str, Any], cls: type) -> Any:
+    return cls(namespace=tuple(item["ns"]), key=item["key"], value=item["value"],
+               created_at=_time(item["created_at"]), updated_at=_time(item["updated_at"]))
+
+
+def _match(condition: MatchCondition, ns: tuple[str, ...]) -> bool:
+    """A namespace matches a prefix or suffix path label by label; ``*`` is any one label."""
+    path = tuple(condition.path)
+    if len(ns) < len(path):
+        return False
+    part = ns[:len(path)] if condition.match_type == "prefix" else ns[len(ns) - len(path):]
+    return all(p == "*" or p == label for p, label in zip(path, part))
+
+
+def _check_filter(filter: dict[str, Any] | None) -> None:
+    for key, want in (filter or {}).items():
+        if not isinstance(key, str) or not _FILTER_KEY.match(key):
+            raise ValueError(
+                f"Invalid filter key: '{key}'. Filter keys must contain only alphanumeric "
+                "characters, underscores, dots, and hyphens."
+            )
+        if isinstance(want, dict):
+            for op in want:
+                if op not in _OPERATORS:
+                    raise ValueError(f"Unsupported operator: {op}")
+
+
+def _matches(value: dict[str, Any], filter: dict[str, Any] | None) -> bool:
+    """LangGraph's SQLite store's filter semantics (``json_extract`` comparisons):
+    a dotted key walks into objects; a dict of operators compares."""
+    for key, want in (filter or {}).items():
+        have: Any = value
+        for part in key.split("."):
+            have = have.get(part) if isinstance(have, dict) else None
+        tests = want.items() if isinstance(want, dict) else [("$eq", want)]
+        if not all(_compare(have, op, w) for op, w in tests):
+            return False
+    return True
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float))  # a JSON true reads back as 1 in SQL, and bool is int
+
+
+def _equal(have: Any, want: Any) -> bool:
+    if want is None:
+        return have is None
+    if isinstance(want, str):
+        return isinstance(have, str) and have == want
+    if _is_number(want):
+        return _is_number(have) and have == want
+    return have == want
+
+
+def _real(v: Any) -> float:
+    """SQLite's ``CAST(v AS REAL)``: numbers as they are, text by its numeric prefix."""
+    if _is_number(v):
+        return float(v)
+    m = _NUMBER_PREFIX.match(v) if isinstance(v, str) else None
+    return float(m.group(0)) if m else 0.0
+
+
+def _compare(have: Any, op: str, want: Any) -> bool:
+    if op == "$eq":
+        return _equal(have, want)
+    if op == "$ne":
+        return have is not None and not _equal(have, want)
+    if have is None or want is None:
+        return False
+    if _is_number(want):
+        a, b = _real(have), float(want)
+    elif isinstance(want, str):
+        if isinstance(have, (dict, list)):
+            have = json.dumps(have, separators=(",", ":"), ensure_ascii=False)
+        if not isinstance(have, str):  # in SQL, every number sorts before every text
+            return op in ("$lt", "$lte")
+        a, b = have, want  # type: ignore[assignment]
+    else:
+        return False
+    return {"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op]
+
+
+__all__ = ["AgentStateStore"]

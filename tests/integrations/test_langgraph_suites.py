@@ -1,0 +1,116 @@
+"""LangGraph's own tests, run against the adapters exactly as published:
+
+- ``langgraph-checkpoint-conformance`` 0.0.2 (the official checkpointer suite:
+  every base capability and every optional one AgentStateSaver implements);
+- the store tests of the ``langgraph-checkpoint-sqlite`` 3.1.2 sdist
+  (``test_store.py``, ``test_async_store.py``, ``test_ttl.py``), fetched from
+  PyPI by version into ``tests/integrations/.cache`` and run by ``python -m
+  pytest`` with the shim ``langgraph_shim.py``, which names what it leaves out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ET
+from importlib import metadata
+from pathlib import Path
+
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+
+import agentstate
+from agentstate.integrations.langgraph import AgentStateSaver
+
+HERE = Path(__file__).resolve().parent
+
+
+def _left_out() -> dict[str, str]:
+    """The shim's list, read from its file as the pytest subprocess loads it."""
+    spec = importlib.util.spec_from_file_location("langgraph_shim", HERE / "langgraph_shim.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LEFT_OUT
+
+
+LEFT_OUT = _left_out()
+CACHE = HERE / ".cache"
+SQLITE_SDIST = ("langgraph-checkpoint-sqlite", "3.1.2")
+CONFORMANCE = ("langgraph-checkpoint-conformance", "0.0.2")
+
+# The capabilities AgentStateSaver implements, and how many tests each has in 0.0.2.
+CAPABILITIES = {"put": 17, "put_writes": 10, "get_tuple": 10, "list": 16, "delete_thread": 5,
+                "delete_for_runs": 7, "copy_thread": 8, "prune": 8}
+# Tests the store suites collect once the shim has left out LEFT_OUT: all must pass.
+STORE_TESTS = {"store": 99, "ttl": 11}
+
+
+def test_conformance_suite_passes(tmp_path):
+    """Every capability of the official conformance suite is detected and all its tests pass."""
+    assert metadata.version(CONFORMANCE[0]) == CONFORMANCE[1]
+
+    @checkpointer_test(name="AgentStateSaver")
+    async def saver():
+        db = agentstate.open(str(tmp_path / "conformance.db"))
+        try:
+            yield AgentStateSaver(db)
+        finally:
+            db.close()
+
+    report = asyncio.run(validate(saver))
+    outcome = {name: (r.detected, r.passed, r.tests_passed, r.tests_failed, r.failures)
+               for name, r in report.results.items()}
+    assert outcome == {name: (True, True, n, 0, []) for name, n in CAPABILITIES.items()}
+
+
+def sdist(name: str, version: str) -> Path:
+    """The unpacked sdist, downloaded once into the git-ignored cache."""
+    folder = CACHE / f"{name.replace('-', '_')}-{version}"
+    if (folder / "tests").is_dir():
+        return folder
+    CACHE.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    "--disable-pip-version-check", "-q", f"{name}=={version}", "-d", str(CACHE)],
+                   check=True, timeout=300)
+    archive = next(CACHE.glob(f"{name.replace('-', '_')}-{version}.tar.gz"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(CACHE, filter="data")
+    return folder
+
+
+def run_suite(root: Path, files: list[str], out: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(HERE), "LANGGRAPH_SHIM_REPORT": str(out / "left_out.json")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "langgraph_shim", "-p", "no:cacheprovider",
+         "-q", "--junitxml", str(out / "junit.xml"), *files],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def outcome(out: Path) -> tuple[dict[str, int], list[str]]:
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
+    return counts, json.loads((out / "left_out.json").read_text())
+
+
+def test_sqlite_store_suites_pass(tmp_path):
+    """LangGraph's store tests pass against AgentStateStore; the tests left out are
+    exactly the shim's list (embedding search, private internals, one with its reason)."""
+    root = sdist(*SQLITE_SDIST)
+    runs = {}
+    for name, files in {"store": ["tests/test_store.py", "tests/test_async_store.py"],
+                        "ttl": ["tests/test_ttl.py"]}.items():
+        (tmp_path / name).mkdir()
+        runs[name] = run_suite(root, files, tmp_path / name)  # both at once: test_ttl mostly sleeps
+    left_out = set()
+    for name, proc in runs.items():
+        output, _ = proc.communicate(timeout=600)
+        counts, dropped = outcome(tmp_path / name)
+        assert counts == {"tests": STORE_TESTS[name], "failures": 0, "errors": 0, "skipped": 0}, output
+        left_out.update(dropped)
+    assert left_out == set(LEFT_OUT)
+
