@@ -64,3 +64,15 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
         assert not png.exists() and "chart not drawn" in md
     else:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_feed_benchmark_quick_run(tmp_path: Path) -> None:
+    """``python -m benchmarks.feed --quick`` measures wake-ups, idle CPU and churn (no target asserted)."""
+    p = subprocess.run([sys.executable, "-m", "benchmarks.feed", "--quick", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    md = (tmp_path / "FEED.md").read_text(encoding="utf-8")
+    for section in ("## Wake-up latency", "## An idle watcher's CPU", "## A file under steady churn"):
+        assert section in md
+    assert re.search(r"\| `db\.watch` \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|", md)
+    assert re.search(r"\| `db\.awatch` \| [0-9.]+% \|", md)

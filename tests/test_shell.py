@@ -49,14 +49,14 @@ def shell(folder, sql: str) -> list[list[str]]:
 def test_readme_queries_while_another_process_writes(populated):
     folder, sid, tid = populated
     queries = readme_queries()
-    assert len(queries) == 4
+    assert len(queries) == 5
     ctx = mp.get_context("spawn")
     started = ctx.Event()
     writer = ctx.Process(target=workers.busy_agent, args=(str(folder / "agentstate.db"), 6.0, started))
     writer.start()
     try:
         assert started.wait(60)
-        value, history, active, biggest = (shell(folder, q) for q in queries)
+        value, history, active, newest, biggest = (shell(folder, q) for q in queries)
     finally:
         writer.join(60)
     assert writer.exitcode == 0
@@ -64,6 +64,10 @@ def test_readme_queries_while_another_process_writes(populated):
     assert [int(r[0]) for r in history] == list(range(29, 19, -1))
     assert all(r[1] == "message" and json.loads(r[2])["seq"] == int(r[0]) for r in history)
     assert [sid, "alice", tid, "running"] in [r[:4] for r in active]
+    seqs = [int(r[0]) for r in newest]
+    assert len(newest) == 20 and seqs == sorted(seqs, reverse=True)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z", r[1]) and r[2] in ("kv", "run", "session")
+               for r in newest)
     assert biggest[0][:3] == ["user", "u-7", "big"] and int(biggest[0][3]) > 5000
     assert len(biggest) == 5
     sizes = [int(r[3]) for r in biggest]
