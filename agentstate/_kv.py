@@ -124,14 +124,16 @@ def put(
     size: int,
     items: list[str] | None,
     if_version: int | None,
-    expires: Any = None,
+    ttl: Any = None,
 ) -> int:
     """Write a value (``items`` for a list); return the new version.
 
-    ``expires``: a unix time, None (never), or KEEP (the key's current expiry).
+    ``ttl``: seconds from now (the store's clock), None (never), or KEEP (the
+    key's current expiry).
     """
     now = time.time()
-    keep = expires is KEEP
+    keep = ttl is KEEP
+    expires = None if keep or ttl is None else now + ttl
     args = {"kind": kind, "sid": sid, "key": key, "type": type_, "value": value, "size": size,
             "stamp": now_iso(), "now": now, "keep": keep, "expires": None if keep else expires}
     if items is None:  # one statement, unless a list or an expired row is replaced or CAS failed
@@ -185,13 +187,15 @@ def delete(c: apsw.Connection, kind: str, sid: str, key: str, if_version: int | 
 
 def append(
     c: apsw.Connection, kind: str, sid: str, key: str, items: list[str], items_size: int,
-    expires: Any = KEEP,
+    ttl: Any = KEEP,
 ) -> tuple[int, int]:
     """Add items at the end of a list (created if absent); return (length, version).
 
-    ``expires``: a unix time, or KEEP (the key's expiry; none for a new list).
+    ``ttl``: seconds from now, or KEEP (the key's expiry; none for a new list).
     """
-    row = _settle(c, kind, sid, key, time.time())
+    now = time.time()
+    expires = KEEP if ttl is KEEP else now + ttl
+    row = _settle(c, kind, sid, key, now)
     n = len(items)
     if row is None:
         length, size = 0, 2
@@ -200,8 +204,8 @@ def append(
             raise NotAList(f"{kind}:{sid} {key} holds a {row[1]} value, not a list")
         length, size = row[3], row[4]
         if n == 0:  # nothing to add: only a new expiry, if one was asked for
-            if expires is not KEEP:
-                touch(c, kind, sid, key, expires)
+            if ttl is not KEEP:
+                touch(c, kind, sid, key, ttl)
             return length, row[0]
     # items_size is the JSON of [items]; joining two lists drops one pair of
     # brackets and adds a comma when both are non-empty.
@@ -260,13 +264,16 @@ def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list
     return removed, version + 1
 
 
-def touch(c: apsw.Connection, kind: str, sid: str, key: str, expires: float | None) -> int | None:
-    """Set a live key's expiry (None: never), value and version unchanged; its version, or None."""
+def touch(c: apsw.Connection, kind: str, sid: str, key: str, ttl: float | None) -> int | None:
+    """Set a live key's expiry ``ttl`` seconds from now (None: never), value and version
+    unchanged; its version, or None when absent."""
+    now = time.time()
     row = c.execute(
         f"""UPDATE kv SET expires_at = :expires
             WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}
             RETURNING version""",
-        {"kind": kind, "sid": sid, "key": key, "now": time.time(), "expires": expires},
+        {"kind": kind, "sid": sid, "key": key, "now": now,
+         "expires": None if ttl is None else now + ttl},
     ).fetchone()
     if row is None:
         return None

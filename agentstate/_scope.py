@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import time
 from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -44,13 +43,13 @@ def _check_version(if_version: Any) -> int | None:
 MAX_TTL = 1e11  # seconds (about 3,000 years): past it a datetime cannot say when
 
 
-def _expires(ttl: Any) -> float | None:
-    """The unix time a key written now with ``ttl`` expires at; None for no ttl."""
+def _ttl(ttl: Any) -> float | None:
+    """A checked ttl in seconds (the store adds it to its own clock); None for no ttl."""
     if ttl is None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
         raise InvalidValue(f"ttl must be a number of seconds above 0 (at most {MAX_TTL:g}), got {ttl!r}")
-    return time.time() + ttl
+    return float(ttl)
 
 
 def _check_index(name: str, i: Any) -> None:
@@ -134,10 +133,10 @@ class Scope:
         """
         check_key(key)
         if_version = _check_version(if_version)
-        expires = _expires(ttl)
+        ttl = _ttl(ttl)
         type_, stored, size, items = _encode_value(value)
         with self._store.write() as c:
-            return _kv.put(c, self.kind, self.id, key, type_, stored, size, items, if_version, expires)
+            return _kv.put(c, self.kind, self.id, key, type_, stored, size, items, if_version, ttl)
 
     def delete(self, key: str, *, if_version: int | None = None) -> bool:
         """Remove ``key``; True if it existed. :raises VersionConflict: as for put."""
@@ -185,19 +184,19 @@ class Scope:
         :raises TooLarge: the whole list would be over 1 MiB of JSON.
         """
         check_key(key)
-        expires = _expires(ttl)
+        ttl = _ttl(ttl)
         texts, size = encode_items(items)
         with self._store.write() as c:
             return Appended(*_kv.append(c, self.kind, self.id, key, texts, size,
-                                        _kv.KEEP if expires is None else expires))
+                                        _kv.KEEP if ttl is None else ttl))
 
     def touch(self, key: str, ttl: float | None = None) -> bool:
         """Set a new expiry, ``ttl`` seconds from now (None: never); value and version
         unchanged. False if the key is absent."""
         check_key(key)
-        expires = _expires(ttl)
+        ttl = _ttl(ttl)
         with self._store.write() as c:
-            return _kv.touch(c, self.kind, self.id, key, expires) is not None
+            return _kv.touch(c, self.kind, self.id, key, ttl) is not None
 
     def expires_at(self, key: str) -> datetime | None:
         """When the key expires (UTC); None if it does not, or is absent."""
@@ -264,14 +263,14 @@ class Scope:
         """Store raw bytes under ``key``; return the new version (``ttl`` as for put)."""
         check_key(key)
         if_version = _check_version(if_version)
-        expires = _expires(ttl)
+        ttl = _ttl(ttl)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidValue(f"data must be bytes, got {type(data).__name__}")
         data = bytes(data)
         if len(data) > MAX_VALUE:
             raise TooLarge(f"value is {len(data)} bytes, over the limit of {MAX_VALUE}", len(data), MAX_VALUE)
         with self._store.write() as c:
-            return _kv.put(c, self.kind, self.id, key, "bytes", data, len(data), None, if_version, expires)
+            return _kv.put(c, self.kind, self.id, key, "bytes", data, len(data), None, if_version, ttl)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes; a JSON value as its UTF-8 JSON text; None when absent."""

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import agentstate
 from agentstate import NotAList, SessionBusy, VersionConflict
-from agentstate import _kv, _scope
+from agentstate import _kv
 
 SCOPES = [("session", "s1"), ("agent", "a1"), ("user", "u_1"), ("thread", "t:1")]
 KEYS = ["k", "k.1", "k_2", "list", "l2"]
@@ -43,8 +43,8 @@ class Store(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         self.clock = Clock()
-        self._real = (_kv.time, _scope.time)
-        _kv.time = _scope.time = self.clock
+        self._real = _kv.time
+        _kv.time = self.clock
         self.path = os.path.join(tempfile.mkdtemp(), "model.db")
         self.db = self._open()
         # (kind, sid, key) -> [value, version, expires_at]; rows may be expired but not yet removed
@@ -255,7 +255,7 @@ class Store(RuleBasedStateMachine):
 
     def teardown(self):
         if hasattr(self, "db"):
-            _kv.time, _scope.time = self._real
+            _kv.time = self._real
             assert self.db.check() == []
             self.db.close()
 
