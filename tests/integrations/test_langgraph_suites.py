@@ -83,7 +83,9 @@ def sdist(name: str, version: str) -> Path:
 
 
 def run_suite(root: Path, files: list[str], out: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(HERE), "LANGGRAPH_SHIM_REPORT": str(out / "left_out.json")}
+    # the shim, and the agentstate this process imported (not whatever else is installed)
+    path = os.pathsep.join([str(HERE), str(Path(agentstate.__file__).resolve().parents[1])])
+    env = {**os.environ, "PYTHONPATH": path, "LANGGRAPH_SHIM_REPORT": str(out / "left_out.json")}
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "langgraph_shim", "-p", "no:cacheprovider",
          "-q", "--junitxml", str(out / "junit.xml"), *files],

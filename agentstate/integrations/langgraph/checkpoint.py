@@ -1,41 +1,49 @@
 """``AgentStateSaver``: LangGraph's checkpointer on agentstate.
 
-Layout. One scope per LangGraph thread, ``thread:langgraph.<thread>``:
+Layout. One scope per LangGraph thread, ``thread:langgraph.<thread>``; ``<ns>``
+is the checkpoint namespace, ``<id↓>`` the checkpoint id in a form that sorts
+in descending id order:
 
-=====================  ============================================================
-``c.<ns>.<id↓>``       a checkpoint record (JSON): metadata, channel versions, the
-                       parent id, and for each channel where its bytes are
-``n.<ns>``             the namespace, so a thread's namespaces can be listed
-``b.<h>.<j>.<k>``      bytes of a channel value written by checkpoint ``h``
-``w.<h>.<task>.<i>``   a pending write (JSON); its bytes inline or in ``x.<h>...``
-``r.<run>.<ns>.<id↓>`` marks a checkpoint of a run, for ``delete_for_runs``
-=====================  ============================================================
+================================  ====================================================
+``c.<ns>.<id↓>``                  a checkpoint record (JSON): metadata, channel
+                                  versions, the parent id, and where each channel's
+                                  bytes are
+``c.<ns>.<id↓>.w.<task>.<i>``     a pending write of that checkpoint (JSON); it sorts
+                                  right after its record, so one range scan reads a
+                                  namespace's records newest first with their writes
+``x.<ns>.<id↓>.<task>.<i>.<k>``   the bytes of a large pending write
+``b.<ns>.<hash>.<k>``             channel bytes, named by their content hash: written
+                                  once, shared by every record that has them, never
+                                  changed (so they may be cached in memory)
+``n.<ns>``                        the namespace, so a thread's namespaces can be listed
+``r.<run>.<ns>.<id↓>``            marks a checkpoint of a run, for ``delete_for_runs``
+================================  ====================================================
 
-``<id↓>`` sorts in descending checkpoint id order, so the newest checkpoint of
-a namespace is the first key of its prefix and ``list`` pages newest first;
-``<h>`` is a hash of (namespace, checkpoint id). The scope ``app:langgraph.saver``
-indexes threads (``t.<thread>``) and runs (``r.<run>.<thread>``).
+The scope ``app:langgraph.saver`` indexes threads (``t.<thread>``) and runs
+(``r.<run>.<thread>``). Ids are escaped into key characters; a part too long
+for its place is a hash, and the original is in the record.
 
 Why adding a checkpoint costs the same at 10 and at 10,000 in a thread:
 
 - a channel that did not change is not written again: the record points at
   the bytes its parent pointed at (LangGraph's SQLite saver stores every
   channel value in every checkpoint);
-- a list channel that grew (the message history) is written as its new
-  items only: the record keeps the list as segments, checks that the parent's
-  items are an unchanged prefix (a hash of their bytes), and adds one segment
-  for the new tail. Adjacent segments are merged so that each is at least
-  twice the size of the next: a list of n bytes has at most about log2(n)
-  segments, and each byte is rewritten at most about log2(n) times.
+- a list channel that grew (the message history) is written as its new items
+  only: the record keeps the list as segments, checks that the parent's items
+  are an unchanged prefix (a hash of their bytes), and adds a segment for the
+  new tail. Adjacent segments are merged so that each is at least twice the
+  size of the next: a list of n bytes has at most about log2(n) segments, and
+  each byte is rewritten at most about log2(n) times.
 
-Records and bytes never change once written; two writers of one thread never
-share a key (bytes are keyed by the checkpoint that wrote them), and a
-checkpoint id that exists with other content is refused, never replaced.
+Two writers of one thread never share a key they could disagree on: records
+are created only if absent (an id that exists with other content is refused,
+never replaced), and bytes are named by their content.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import heapq
 import json
@@ -58,11 +66,12 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 import agentstate
 
-from ._common import (Missing, conn_string, descending, digest, fetch, in_thread, keys, seg_keys,
-                      seg_size, segment, stash, token, write)
+from ._common import (CHUNK, INLINE, BytesCache, Missing, conn_string, descending, fetch, get_json,
+                      in_thread, keys, seg_keys, seg_size, segment, stash, token, write)
 
 PREFIX = "langgraph"
 RECORD_FORMAT = 1
+MAX_ID_BYTES = 48  # checkpoint ids up to this long keep their order (LangGraph's are 36)
 _STANDARD = ("v", "id", "ts", "channel_versions", "versions_seen", "updated_channels")
 
 
@@ -74,10 +83,14 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
     ``aget_tuple``, ``alist``, ...) that runs it in a worker thread.
     """
 
-    def __init__(self, db: agentstate.Database, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(self, db: agentstate.Database, *, serde: SerializerProtocol | None = None,
+                 cache_bytes: int = 32 << 20) -> None:
+        """``cache_bytes``: memory for recently read channel bytes (immutable, so
+        always current); 0 turns the cache off."""
         super().__init__(serde=serde)
         self.db = db
         self._index = db.scope("app", f"{PREFIX}.saver")
+        self._cache = BytesCache(cache_bytes) if cache_bytes else None
 
     @classmethod
     @contextmanager
@@ -93,13 +106,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
     # -- where things are ------------------------------------------------------
 
     def _scope(self, thread_id: Any) -> agentstate.Scope:
-        return self.db.scope("thread", f"{PREFIX}.{token(str(thread_id), 150)}")
-
-    @staticmethod
-    def _names(ns: str, checkpoint_id: str) -> tuple[str, str, str]:
-        """(namespace token, record key, payload hash) of a checkpoint."""
-        s = token(ns, 60)
-        return s, f"c.{s}.{descending(checkpoint_id)}", digest(f"{ns}\x00{checkpoint_id}")
+        return self.db.scope("thread", f"{PREFIX}.{_thread_token(thread_id)}")
 
     # -- put -----------------------------------------------------------------------
 
@@ -119,6 +126,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
 
         :raises VersionConflict: the checkpoint id exists with other content
             (another writer put it): nothing is written.
+        :raises InvalidKey: a checkpoint id over 48 bytes.
         :raises InvalidValue, TooLarge: metadata that is not JSON or over 1 MiB.
         """
         conf = config["configurable"]
@@ -126,50 +134,58 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         parent_id = conf.get("checkpoint_id")
         cid = checkpoint["id"]
         scope = self._scope(thread_id)
-        s, key, h = self._names(ns, cid)
-        parent_key = self._names(ns, parent_id)[1] if parent_id else None
+        s, key = _names(ns, cid)
+        parent_key = _names(ns, parent_id)[1] if parent_id else None
         metadata = get_checkpoint_metadata(config, metadata)
         for _attempt in range(3):
             # Serialize outside the write lock; the parent's record never changes,
             # unless it is deleted, which the transaction checks.
             parent = scope.get_versioned(parent_key) if parent_key else agentstate.Versioned(None, 0)
-            record, blobs = self._record(checkpoint, metadata, new_versions, ns, parent_id, h,
+            record, blobs = self._record(checkpoint, metadata, new_versions, ns, s, parent_id,
                                          parent.value)
             with self.db.transaction():
-                stored = scope.get(key)
-                if stored is not None:
-                    if stored != _normal(record):
-                        raise agentstate.VersionConflict(
-                            f"checkpoint {cid!r} of thread {thread_id!r} exists with other "
-                            "content (another writer put it); it is not replaced", 1)
-                    break  # the same checkpoint again: a retry
                 if parent_key and scope.get_versioned(parent_key).version != parent.version:
                     continue  # the parent was deleted meanwhile: serialize again without it
-                write(scope, blobs)
-                scope.put(key, record, if_version=0)
-                self._register(scope, thread_id, ns, s, key, record["metadata"].get("run_id"))
+                try:
+                    scope.put(key, record, if_version=0)
+                except agentstate.VersionConflict:
+                    if get_json(scope, key) != _normal(record):
+                        raise agentstate.VersionConflict(
+                            f"checkpoint {cid!r} of thread {thread_id!r} exists with other "
+                            "content (another writer put it); it is not replaced", 1) from None
+                    break  # the same checkpoint again: a retry
+                for base, data in blobs:
+                    _store_blob(scope, base, data)
+                run_id = record["metadata"].get("run_id")
+                # The indexes exist while a record of their namespace, thread and run does.
+                known = parent.value is not None
+                if not known or parent.value["metadata"].get("run_id") != run_id:
+                    self._register(scope, thread_id, ns, s, key, run_id, index=not known)
+                elif run_id is not None:
+                    scope.put(f"r.{token(str(run_id), 40)}.{key[2:]}", {"run_id": str(run_id)})
                 break
         else:
             raise agentstate.VersionConflict(f"the parent of checkpoint {cid!r} keeps changing", 0)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
 
     def _register(self, scope: agentstate.Scope, thread_id: Any, ns: str, s: str, key: str,
-                  run_id: Any) -> None:
-        """Index the namespace, the thread and the run of a new checkpoint (in its transaction)."""
-        if scope.get(f"n.{s}") is None:
-            scope.put(f"n.{s}", {"ns": ns})
-        t = token(str(thread_id), 150)
-        if self._index.get(f"t.{t}") is None:
-            self._index.put(f"t.{t}", {"thread_id": thread_id})
+                  run_id: Any, *, index: bool) -> None:
+        """Index the run of a new checkpoint, and (``index``) its namespace and thread."""
+        t = _thread_token(thread_id)
+        if index:
+            if scope.get_bytes(f"n.{s}") is None:
+                scope.put(f"n.{s}", {"ns": ns})
+            if self._index.get_bytes(f"t.{t}") is None:
+                self._index.put(f"t.{t}", {"thread_id": thread_id})
         if run_id is not None:
-            r = token(str(run_id), 60)
+            r = token(str(run_id), 40)
             scope.put(f"r.{r}.{key[2:]}", {"run_id": str(run_id)})
-            if self._index.get(f"r.{r}.{t}") is None:
+            if self._index.get_bytes(f"r.{r}.{t}") is None:
                 self._index.put(f"r.{r}.{t}", {"run_id": str(run_id), "thread_id": thread_id})
 
     def _record(
         self, checkpoint: Checkpoint, metadata: dict[str, Any], new_versions: ChannelVersions,
-        ns: str, parent_id: str | None, h: str, parent: dict[str, Any] | None,
+        ns: str, s: str, parent_id: str | None, parent: dict[str, Any] | None,
     ) -> tuple[dict[str, Any], list[tuple[str, memoryview]]]:
         """The JSON record of a checkpoint, and the (key, bytes) it needs stored."""
         versions = checkpoint.get("channel_versions", {})
@@ -184,7 +200,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                     and p_versions.get(ch) == versions[ch]:
                 channels[ch] = old  # unchanged: the parent's bytes
             elif ch in values:
-                channels[ch] = self._channel(values[ch], old, f"b.{h}.{len(channels)}", blobs)
+                channels[ch] = self._channel(values[ch], old, s, blobs)
         head = {k: checkpoint[k] for k in _STANDARD if k in checkpoint}  # type: ignore[literal-required]
         other = {k: v for k, v in checkpoint.items() if k not in _STANDARD and k != "channel_values"}
         record: dict[str, Any] = {"format": RECORD_FORMAT, "id": checkpoint["id"], "ns": ns,
@@ -195,18 +211,17 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 head.update(other)
             else:  # e.g. Send objects of older checkpoint formats
                 t, data = self.serde.dumps_typed(other)
-                record["other"] = {"type": t, **segment(f"b.{h}.other", data, blobs)}
+                record["other"] = {"type": t, **_blob(s, memoryview(data), blobs)}
         return record, blobs
 
-    def _channel(self, value: Any, old: dict[str, Any] | None, base: str,
+    def _channel(self, value: Any, old: dict[str, Any] | None, s: str,
                  blobs: list[tuple[str, memoryview]]) -> dict[str, Any]:
         """The entry of a changed channel; its new bytes go to ``blobs``."""
         t, data = self.serde.dumps_typed(value)
         view = memoryview(data)
         array = _array(t, view)
         if array is None:
-            segs = _segments(base, [], view, 0, blobs)
-            return {"type": t, "segs": segs}
+            return {"type": t, "segs": [_blob(s, view, blobs)]}
         n, header = array
         items = view[header:]
         start, kept = 0, []
@@ -214,7 +229,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 and old["items"] <= n and old["size"] <= len(items) \
                 and _hash(items[:old["size"]]) == old["hash"]:
             start, kept = old["size"], old["segs"]  # the parent's items are a prefix
-        segs = _segments(base, kept, items, start, blobs)
+        segs = _segments(s, kept, items, start, blobs)
         return {"type": t, "segs": segs, "items": n, "size": len(items), "hash": _hash(items)}
 
     # -- writes ----------------------------------------------------------------------
@@ -234,8 +249,8 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         """
         conf = config["configurable"]
         scope = self._scope(conf["thread_id"])
-        _, _, h = self._names(conf.get("checkpoint_ns", ""), conf["checkpoint_id"])
-        task = token(task_id, 60)
+        s, key = _names(conf.get("checkpoint_ns", ""), conf["checkpoint_id"])
+        task = token(task_id, 40)
         replace = all(ch in WRITES_IDX_MAP for ch, _ in writes)
         prepared = []
         for i, (channel, value) in enumerate(writes):
@@ -243,16 +258,16 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             prepared.append((idx, channel, *self.serde.dumps_typed(value)))
         with self.db.transaction():
             for idx, channel, t, data in prepared:
-                key = f"w.{h}.{task}.{idx}"
-                old = scope.get(key)
+                wkey = f"{key}.w.{task}.{idx}"
+                old = get_json(scope, wkey)
                 if old is not None:
                     if not replace:
                         continue
                     for k in seg_keys(old["seg"]):
                         scope.delete(k)
-                seg = stash(scope, f"x.{h}.{task}.{idx}", data)
-                scope.put(key, {"task_id": task_id, "task_path": task_path, "channel": channel,
-                                "idx": idx, "type": t, "seg": seg})
+                seg = stash(scope, f"x.{key[2:]}.{task}.{idx}", data)
+                scope.put(wkey, {"task_id": task_id, "task_path": task_path, "channel": channel,
+                                 "idx": idx, "type": t, "seg": seg})
 
     # -- reading ------------------------------------------------------------------------
 
@@ -263,25 +278,22 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         scope = self._scope(thread_id)
         cid = conf.get("checkpoint_id")
-        for _attempt in range(3):  # a newest one deleted while read: look again
+        for _attempt in range(3):  # deleted while read: look again
             if cid:
-                key = self._names(ns, cid)[1]
+                key = _names(ns, cid)[1]
+                found = _group(scope, thread_id, key, keys(scope, key, first=8))
             else:
-                newest = scope.list(f"c.{token(ns, 60)}.", limit=1)
-                if not newest:
-                    return None
-                key = newest[0]
-            record = scope.get(key)
+                found = next(_records(scope, thread_id, token(ns, 40), None, 4), None)
+            if found is None:
+                return None
+            record = get_json(scope, found[3])
             if record is None:
-                if cid:
-                    return None
                 continue
             try:
-                return self._tuple(scope, thread_id, record, {})
+                return self._tuple(scope, thread_id, record, found[4])
             except Missing:
-                if cid and scope.get(key) is None:
-                    return None
-        raise agentstate.Damaged(f"thread {thread_id!r}: a checkpoint's bytes are missing")
+                continue
+        raise agentstate.Damaged(f"thread {thread_id!r}: a checkpoint keeps vanishing while read")
 
     def list(
         self,
@@ -300,12 +312,12 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         if limit is not None and limit <= 0:
             return
         count = 0
-        for scope, thread_id, key in self._keys(conf, before_id):
-            record = scope.get(key)
+        for _order, scope, thread_id, key, write_keys in self._candidates(conf, before_id, limit):
+            record = get_json(scope, key)
             if record is None or not _matches(record["metadata"], filter):
                 continue
             try:
-                tup = self._tuple(scope, thread_id, record, {})
+                tup = self._tuple(scope, thread_id, record, write_keys)
             except Missing:
                 continue  # deleted while we read it
             yield tup
@@ -313,45 +325,48 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             if limit is not None and count >= limit:
                 return
 
-    def _keys(self, conf: dict[str, Any], before_id: str | None) -> Iterator[tuple[Any, Any, str]]:
-        """(scope, thread id, record key) of the candidates, newest first."""
+    def _candidates(self, conf: dict[str, Any], before_id: str | None, limit: int | None
+                    ) -> Iterator[tuple[str, agentstate.Scope, Any, str, list[str]]]:
+        """(order, scope, thread id, record key, its write keys), newest first."""
         if "thread_id" in conf:
             threads = [conf["thread_id"]]
         else:
-            threads = [self._index.get(k)["thread_id"] for k in keys(self._index, "t.")]
-        streams = []
+            entries = (get_json(self._index, k) for k in keys(self._index, "t."))
+            threads = [e["thread_id"] for e in entries if e is not None]
+        first = (limit or 8) + 8
+        streams: list[Iterator[Any]] = []
         for thread_id in threads:
             scope = self._scope(thread_id)
-            if conf.get("checkpoint_id"):
-                ns = conf.get("checkpoint_ns", "")
-                key = self._names(ns, conf["checkpoint_id"])[1]
-                if before_id is None or descending(conf["checkpoint_id"]) > descending(before_id):
-                    streams.append(iter([(key[2:].split(".", 1)[1], scope, thread_id, key)]))
+            cid = conf.get("checkpoint_id")
+            if cid:
+                key = _names(conf.get("checkpoint_ns", ""), cid)[1]
+                if before_id is None or descending(cid) > descending(before_id):
+                    found = _group(scope, thread_id, key, keys(scope, key, first=8))
+                    streams.append(iter([found] if found else []))
                 continue
             if "checkpoint_ns" in conf:
-                spaces = [token(conf["checkpoint_ns"], 60)]
+                spaces = [token(conf["checkpoint_ns"], 40)]
             else:
                 spaces = [k[2:] for k in keys(scope, "n.")]
             for s in spaces:
-                streams.append(_records(scope, thread_id, s, before_id))
-        for _order, scope, thread_id, key in heapq.merge(*streams, key=lambda x: x[0]):
-            yield scope, thread_id, key
+                # after the record named by before and its writes (c.<ns>.<id↓>.w...)
+                start = f"c.{s}.{descending(before_id, MAX_ID_BYTES)}.x" if before_id else None
+                streams.append(_records(scope, thread_id, s, start, first))
+        return heapq.merge(*streams, key=lambda x: x[0])
 
     def _tuple(self, scope: agentstate.Scope, thread_id: Any, record: dict[str, Any],
-               cache: dict[str, bytes]) -> CheckpointTuple:
+               write_keys: list[str]) -> CheckpointTuple:
         """A record as LangGraph's tuple. :raises Missing: its bytes were deleted meanwhile."""
         ns, cid = record["ns"], record["id"]
         checkpoint: dict[str, Any] = dict(record["checkpoint"])
         if "other" in record:
             other = record["other"]
-            checkpoint.update(self.serde.loads_typed((other["type"], fetch(scope, other))))
+            checkpoint.update(self.serde.loads_typed((other["type"], fetch(scope, other, self._cache))))
         checkpoint["channel_values"] = {
-            ch: self._value(scope, entry, cache) for ch, entry in record["channels"].items()
+            ch: self._value(scope, entry) for ch, entry in record["channels"].items()
         }
-        _, _, h = self._names(ns, cid)
-        writes = [scope.get(k) for k in keys(scope, f"w.{h}.")]
-        writes = sorted((w for w in writes if w is not None),
-                        key=lambda w: (w["task_path"], w["task_id"], w["idx"]))
+        writes = [w for w in (get_json(scope, k) for k in write_keys) if w is not None]
+        writes.sort(key=lambda w: (w["task_path"], w["task_id"], w["idx"]))
         pending = [(w["task_id"], w["channel"],
                     self.serde.loads_typed((w["type"], fetch(scope, w["seg"])))) for w in writes]
         conf = {"thread_id": thread_id, "checkpoint_ns": ns}
@@ -364,8 +379,8 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             pending_writes=pending,
         )
 
-    def _value(self, scope: agentstate.Scope, entry: dict[str, Any], cache: dict[str, bytes]) -> Any:
-        data = b"".join(fetch(scope, seg, cache) for seg in entry["segs"])
+    def _value(self, scope: agentstate.Scope, entry: dict[str, Any]) -> Any:
+        data = b"".join(fetch(scope, seg, self._cache) for seg in entry["segs"])
         if entry.get("items") is not None:
             data = _array_header(entry["items"]) + data
         return self.serde.loads_typed((entry["type"], data))
@@ -375,7 +390,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
     def delete_thread(self, thread_id: str) -> None:
         """Remove every checkpoint and write of a thread (one transaction)."""
         scope = self._scope(thread_id)
-        t = token(str(thread_id), 150)
+        t = _thread_token(thread_id)
         with self.db.transaction():
             runs = set()
             for key in list(keys(scope, "")):
@@ -391,15 +406,15 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         ``run_ids``, in every thread; bytes other checkpoints still use stay."""
         with self.db.transaction():
             for run_id in run_ids:
-                r = token(str(run_id), 60)
+                r = token(str(run_id), 40)
                 for index_key in list(keys(self._index, f"r.{r}.")):
-                    entry = self._index.get(index_key)
-                    if entry["run_id"] != str(run_id):
+                    entry = get_json(self._index, index_key)
+                    if entry is None or entry["run_id"] != str(run_id):
                         continue
                     scope = self._scope(entry["thread_id"])
                     victims = set()
                     for marker in list(keys(scope, f"r.{r}.")):
-                        if scope.get(marker)["run_id"] == str(run_id):
+                        if get_json(scope, marker)["run_id"] == str(run_id):
                             victims.add("c." + marker.split(".", 2)[2])
                     self._delete_records(scope, entry["thread_id"], victims)
 
@@ -410,25 +425,26 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             content; nothing is copied.
         """
         src, dst = self._scope(source_thread_id), self._scope(target_thread_id)
-        t = token(str(target_thread_id), 150)
+        t = _thread_token(target_thread_id)
         with self.db.transaction():
             copied = False
             for key in list(keys(src, "")):
-                raw = key[0] in "bx"  # payload chunks are bytes; the rest JSON
-                value = src.get_bytes(key) if raw else src.get(key)
-                have = dst.get_bytes(key) if raw else dst.get(key)
+                value, have = src.get_bytes(key), dst.get_bytes(key)
                 if have is not None and have != value:
                     raise agentstate.VersionConflict(
                         f"thread {target_thread_id!r} holds {key} with other content", 1)
                 if have is None:
-                    (dst.put_bytes if raw else dst.put)(key, value, if_version=0)
+                    if key[0] in "bx":  # payload chunks are bytes; the rest JSON
+                        dst.put_bytes(key, value, if_version=0)
+                    else:
+                        dst.put(key, json.loads(value), if_version=0)
                 if key.startswith("r."):
                     r = key.split(".")[1]
-                    if self._index.get(f"r.{r}.{t}") is None:
-                        self._index.put(f"r.{r}.{t}", {"run_id": value["run_id"],
+                    if self._index.get_bytes(f"r.{r}.{t}") is None:
+                        self._index.put(f"r.{r}.{t}", {"run_id": json.loads(value)["run_id"],
                                                        "thread_id": target_thread_id})
                 copied = copied or key.startswith("c.")
-            if copied and self._index.get(f"t.{t}") is None:
+            if copied and self._index.get_bytes(f"t.{t}") is None:
                 self._index.put(f"t.{t}", {"thread_id": target_thread_id})
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -450,15 +466,15 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             with self.db.transaction():
                 kept = set()
                 for n in list(keys(scope, "n.")):
-                    newest = scope.list(f"c.{n[2:]}.", limit=1)
-                    record = scope.get(newest[0]) if newest else None
+                    newest = next(_records(scope, thread_id, n[2:], None, 4), None)
+                    record = get_json(scope, newest[3]) if newest else None
                     while record is not None:
-                        kept.add(self._names(record["ns"], record["id"])[1])
+                        kept.add(_names(record["ns"], record["id"])[1])
                         if not record["metadata"].get("counters_since_delta_snapshot") \
                                 or not record["parent"]:
                             break
-                        record = scope.get(self._names(record["ns"], record["parent"])[1])
-                victims = {k for k in keys(scope, "c.") if k not in kept}
+                        record = get_json(scope, _names(record["ns"], record["parent"])[1])
+                victims = {k for k in keys(scope, "c.") if _is_record(k) and k not in kept}
                 self._delete_records(scope, thread_id, victims)
 
     def _delete_records(self, scope: agentstate.Scope, thread_id: Any, victims: set[str]) -> None:
@@ -467,30 +483,29 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         spaces: dict[str, set[str]] = {}
         for key in victims:
             spaces.setdefault(key.split(".")[1], set()).add(key)
-        t = token(str(thread_id), 150)
+        t = _thread_token(thread_id)
         for s, doomed in spaces.items():
             used: set[str] = set()
+            unused: set[str] = set()
             for key in keys(scope, f"c.{s}."):
-                if key not in doomed:
-                    record = scope.get(key)
-                    used.update(_byte_keys(record))
+                if _is_record(key):
+                    (unused if key in doomed else used).update(_byte_keys(get_json(scope, key)))
             for key in doomed:
-                record = scope.get(key)
+                record = get_json(scope, key)
                 if record is None:
                     continue
-                _, _, h = self._names(record["ns"], record["id"])
-                for k in list(keys(scope, f"w.{h}.")) + list(keys(scope, f"x.{h}.")):
+                for k in list(keys(scope, f"{key}.w.")) + list(keys(scope, f"x.{key[2:]}.")):
                     scope.delete(k)
-                for k in list(keys(scope, f"b.{h}.")):
-                    if k.rsplit(".", 1)[0] not in used:
-                        scope.delete(k)
                 run_id = record["metadata"].get("run_id")
                 if run_id is not None:
-                    r = token(str(run_id), 60)
+                    r = token(str(run_id), 40)
                     scope.delete(f"r.{r}.{key[2:]}")
                     if not scope.list(f"r.{r}.", limit=1):
                         self._index.delete(f"r.{r}.{t}")
                 scope.delete(key)
+            for base in unused - used:
+                for k in list(keys(scope, f"{base}.")):
+                    scope.delete(k)
             if not scope.list(f"c.{s}.", limit=1):
                 scope.delete(f"n.{s}")
         if not scope.list("n.", limit=1):
@@ -533,28 +548,72 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 return
 
 
-# -- helpers ----------------------------------------------------------------------------
+# -- keys --------------------------------------------------------------------------------
 
 
-def _records(scope: agentstate.Scope, thread_id: Any, s: str, before_id: str | None
-             ) -> Iterator[tuple[str, agentstate.Scope, Any, str]]:
-    """(order, scope, thread id, key) of a namespace's records, newest first."""
-    start = f"c.{s}.{descending(before_id)}" if before_id else None
-    for k in keys(scope, f"c.{s}.", after=start):
-        yield k[len(s) + 3:], scope, thread_id, k
+@functools.lru_cache(maxsize=65536)
+def _names(ns: str, checkpoint_id: str) -> tuple[str, str]:
+    """(namespace token, record key) of a checkpoint."""
+    s = token(ns, 40)
+    return s, f"c.{s}.{descending(checkpoint_id, MAX_ID_BYTES)}"
 
 
-def _take(it: Iterator[Any], n: int) -> list[Any]:
-    out = []
-    for x in it:
-        out.append(x)
-        if len(out) == n:
-            break
-    return out
+@functools.lru_cache(maxsize=4096)
+def _thread_token(thread_id: Any) -> str:
+    return token(str(thread_id), 150)
+
+
+def _is_record(key: str) -> bool:
+    return key.count(".") == 2  # c.<ns>.<id↓>; a write key has more parts
+
+
+def _group(scope: agentstate.Scope, thread_id: Any, key: str, found: Iterator[str]
+           ) -> tuple[str, agentstate.Scope, Any, str, list[str]] | None:
+    """The record ``key`` with its write keys, from the keys that start with it."""
+    first = next(found, None)
+    if first != key:
+        return None
+    return key.split(".", 2)[2], scope, thread_id, key, [k for k in found if k.startswith(f"{key}.w.")]
+
+
+def _records(scope: agentstate.Scope, thread_id: Any, s: str, after: str | None, first: int
+             ) -> Iterator[tuple[str, agentstate.Scope, Any, str, list[str]]]:
+    """(order, scope, thread id, record key, its write keys) of a namespace, newest
+    first, from one range scan (a record's writes sort right after it)."""
+    prefix = f"c.{s}."
+    current: str | None = None
+    writes: list[str] = []
+    for k in keys(scope, prefix, after=after, first=first):
+        if _is_record(k):
+            if current is not None:
+                yield current[len(prefix):], scope, thread_id, current, writes
+            current, writes = k, []
+        elif current is not None and k.startswith(f"{current}.w."):
+            writes.append(k)
+    if current is not None:
+        yield current[len(prefix):], scope, thread_id, current, writes
+
+
+# -- bytes -------------------------------------------------------------------------------
 
 
 def _hash(data: memoryview | bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _blob(s: str, data: memoryview, blobs: list[tuple[str, memoryview]]) -> dict[str, Any]:
+    """A segment for ``data``: inline when small, else a key named by its content."""
+    return segment(f"b.{s}.{_hash(data)}" if len(data) > INLINE else "", data, blobs)
+
+
+def _store_blob(scope: agentstate.Scope, base: str, data: memoryview) -> None:
+    """Write a blob's chunks unless they are there: a key named by its content
+    holds the same bytes, whoever wrote it (in a transaction, so all or none)."""
+    try:
+        scope.put_bytes(f"{base}.0", bytes(data[:CHUNK]), if_version=0)
+    except agentstate.VersionConflict:
+        return
+    write(scope, [(base, data)], start=1)
 
 
 def _array(type_: str, data: memoryview) -> tuple[int, int] | None:
@@ -579,7 +638,7 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def _segments(base: str, kept: list[dict[str, Any]], data: memoryview, start: int,
+def _segments(s: str, kept: list[dict[str, Any]], data: memoryview, start: int,
               blobs: list[tuple[str, memoryview]]) -> list[dict[str, Any]]:
     """``kept`` (the stored segments of ``data[:start]``) plus ``data[start:]``,
     merging from the end while a segment is under twice the size of the next;
@@ -593,17 +652,29 @@ def _segments(base: str, kept: list[dict[str, Any]], data: memoryview, start: in
         sizes[-2:] = [sizes[-2] + sizes[-1]]
         segs[-2:] = [None]
     if segs[-1] is None:  # the new (possibly merged) tail
-        begin = len(data) - sizes[-1]
-        name = f"{base}.{len(segs) - 1}"
-        segs[-1] = segment(name, data[begin:], blobs)
+        segs[-1] = _blob(s, data[len(data) - sizes[-1]:], blobs)
     return segs
 
 
-def _byte_keys(record: dict[str, Any]) -> set[str]:
+def _byte_keys(record: dict[str, Any] | None) -> set[str]:
     """The payload keys a record points at."""
+    if record is None:
+        return set()
     segs = [seg for entry in record["channels"].values() for seg in entry["segs"]]
     segs.append(record.get("other", {}))
     return {seg["key"] for seg in segs if "key" in seg}
+
+
+# -- values ------------------------------------------------------------------------------
+
+
+def _take(it: Iterator[Any], n: int) -> list[Any]:
+    out = []
+    for x in it:
+        out.append(x)
+        if len(out) == n:
+            break
+    return out
 
 
 def _normal(value: Any) -> Any:

@@ -51,7 +51,7 @@ from langgraph.store.base import (
 
 import agentstate
 
-from ._common import PAGE, conn_string, digest, esc, in_thread, token, unesc
+from ._common import PAGE, conn_string, digest, esc, get_json, in_thread, keys, token, unesc
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class AgentStateStore(BaseStore):
 
     def _get(self, op: GetOp, now: float, refresh: dict[str, dict[str, Any]]) -> Item | None:
         key = self._item_key(tuple(op.namespace), op.key)
-        item = self._scope.get(key)
+        item = get_json(self._scope, key)
         if not _live(item, now) or item["key"] != op.key or tuple(item["ns"]) != tuple(op.namespace):
             return None
         self._want_refresh(op.refresh_ttl, key, item, refresh)
@@ -188,7 +188,7 @@ class AgentStateStore(BaseStore):
         skip = op.offset
         for stamp, n, key_token in heapq.merge(*streams):
             key = f"i.{n}:{key_token}"
-            item = self._scope.get(key)
+            item = get_json(self._scope, key)
             if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
                 continue  # gone, updated since the index was read, or filtered out
             if skip:
@@ -203,7 +203,7 @@ class AgentStateStore(BaseStore):
     def _recent(self, n: str, first: int) -> Iterator[tuple[str, str, str]]:
         """(time stamp, namespace token, key token) of a namespace's items, newest first."""
         start = len(n) + 3
-        for k in _keys(self._scope, f"u.{n}:", first=first):
+        for k in keys(self._scope, f"u.{n}:", first=first):
             yield k[start:start + 17], n, k[start + 18:]
 
     def _namespaces(self, path: tuple[str, ...], *, prefix_only: bool = False
@@ -220,7 +220,7 @@ class AgentStateStore(BaseStore):
         if lead and not starts[0].startswith("n._h"):
             starts.append("n._h")
         for start in starts:
-            for k in _keys(self._scope, start):
+            for k in keys(self._scope, start):
                 if k.startswith("n._h"):  # hashed: the namespace is in the value
                     entry = self._scope.get(k)
                     if entry is None:
@@ -248,7 +248,7 @@ class AgentStateStore(BaseStore):
         ns = tuple(op.namespace)
         n = self._ns_token(ns)
         key = f"i.{n}:{token(op.key, 60)}"
-        old = self._scope.get(key)
+        old = get_json(self._scope, key)
         if old is not None:
             self._unindex(n, key, old)
         if op.value is None:
@@ -278,7 +278,7 @@ class AgentStateStore(BaseStore):
 
     def _refresh(self, key: str, seen: dict[str, Any], now: float) -> None:
         """Push an item's expiry ``ttl`` minutes past now, if it is still the one read."""
-        item = self._scope.get(key)
+        item = get_json(self._scope, key)
         if item is None or item["r"] != seen["r"] or not _live(item, now):
             return
         if item["expires_at"] is not None:
@@ -310,7 +310,7 @@ class AgentStateStore(BaseStore):
                 due = [k for k in self._scope.list("x.", limit=PAGE) if k[2:19] <= cut]
                 for x in due:
                     key = "i." + x[20:]
-                    item = self._scope.get(key)
+                    item = get_json(self._scope, key)
                     self._scope.delete(x)
                     if item is not None and item["expires_at"] is not None \
                             and _stamp(item["expires_at"]) == x[2:19]:
@@ -368,17 +368,6 @@ class AgentStateStore(BaseStore):
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-def _keys(scope: agentstate.Scope, prefix: str, first: int = PAGE) -> Iterator[str]:
-    """Keys with ``prefix``, in pages that start at ``first`` and double up to PAGE."""
-    after, size = None, max(1, min(first, PAGE))
-    while True:
-        page = scope.list(prefix, after=after, limit=size)
-        yield from page
-        if len(page) < size:
-            return
-        after, size = page[-1], min(size * 2, PAGE)
 
 
 def _stamp(t: float) -> str:
