@@ -1,0 +1,569 @@
+"""AgentStateSaver and AgentStateStore beyond LangGraph's own suites: a real
+graph, growth that stays flat, values over 1 MiB, ids of any length, pruning
+that keeps what the survivors use, real processes racing on one thread, and
+async calls that never block the loop and end whole when cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+
+import agentstate
+from agentstate.integrations.langgraph import AgentStateSaver, AgentStateStore
+from agentstate.integrations.langgraph._common import descending, esc, unesc
+from agentstate.integrations.langgraph.checkpoint import _names
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def config(thread: str, ns: str = "", cid: str | None = None) -> dict[str, Any]:
+    conf = {"thread_id": thread, "checkpoint_ns": ns}
+    if cid:
+        conf["checkpoint_id"] = cid
+    return {"configurable": conf}
+
+
+def checkpoint(cid: str, values: dict[str, Any], versions: dict[str, Any]) -> dict[str, Any]:
+    return {"v": 1, "id": cid, "ts": "2026-12-01T00:00:00+00:00", "channel_values": values,
+            "channel_versions": versions, "versions_seen": {}, "updated_channels": None}
+
+
+def cid(n: int, prefix: str = "1f0") -> str:
+    """Checkpoint ids that sort like LangGraph's (uuid6: later is larger)."""
+    return f"{prefix}{n:05d}-0000-6000-8000-000000000000"
+
+
+def chain(saver, thread, n, *, size=200, start=None, ns="", tag="m", writes=False):
+    """Put ``n`` checkpoints, each adding one ``size``-byte message to a list
+    channel and leaving a large unchanged channel alone; returns their ids."""
+    parent = start
+    messages = []
+    if start:
+        messages = list(saver.get_tuple(config(thread, ns, start)).checkpoint["channel_values"]["messages"])
+    ids = []
+    for i in range(n):
+        messages = messages + [f"{tag}{i}:" + "x" * size]
+        c = cid(len(messages))
+        values = {"messages": messages, "docs": "D" * 5000}
+        versions = {"messages": len(messages), "docs": 1}
+        new = {"messages": len(messages)} if parent else versions
+        got = saver.put(config(thread, ns, parent), checkpoint(c, values, versions),
+                        {"source": "loop", "step": len(messages), "run_id": f"run-{tag}"}, new)
+        if writes:
+            saver.put_writes(got, [("messages", f"pending {i}")], f"task-{i}")
+        parent = got["configurable"]["checkpoint_id"]
+        ids.append(parent)
+    return ids
+
+
+def stored_bytes(db: agentstate.Database, scope: agentstate.Scope) -> int:
+    """Bytes of every checkpoint record and channel blob of a thread."""
+    total = 0
+    for key in scope.list(""):
+        if key.startswith("b."):
+            total += len(scope.get_bytes(key))
+        elif key.startswith("c."):
+            total += len(scope.get_bytes(key))
+    return total
+
+
+@pytest.fixture
+def saver(db):
+    return AgentStateSaver(db)
+
+
+# -- a real graph ----------------------------------------------------------------------
+
+
+class State(TypedDict):
+    messages: Annotated[list, add_messages]
+    step: int
+    docs: str
+
+
+def _node(state: State) -> dict[str, Any]:
+    n = state["step"]
+    update: list[Any] = [AIMessage(f"reply {n}", id=f"a{n}")]
+    if n % 7 == 6:  # now and then an old message goes: the list is no longer a prefix
+        update.append(RemoveMessage(id=f"h{n - 3}"))
+    return {"messages": update, "step": n + 1}
+
+
+def _graph(checkpointer):
+    b = StateGraph(State)
+    b.add_node("reply", _node)
+    b.add_edge(START, "reply")
+    b.add_edge("reply", END)
+    return b.compile(checkpointer=checkpointer)
+
+
+def test_a_real_graph_reads_back_as_with_the_in_memory_saver(saver):
+    """State and full history of a message graph (with removals) equal InMemorySaver's,
+    and the message list is stored as few segments."""
+    ours, theirs = _graph(saver), _graph(InMemorySaver())
+    cfg = config("chat")
+    for i in range(40):
+        update = {"messages": [HumanMessage("hi " * 50 + str(i), id=f"h{i}")], "step": i,
+                  "docs": "D" * 3000 if i < 2 else "constant"}
+        assert ours.invoke(update, cfg) == theirs.invoke(update, cfg)
+    assert ours.get_state(cfg).values == theirs.get_state(cfg).values
+    mine = [s.values for s in ours.get_state_history(cfg)]
+    assert mine == [s.values for s in theirs.get_state_history(cfg)] and len(mine) == 120
+    scope = saver._scope("chat")
+    newest = scope.get(scope.list("c..", limit=1)[0])
+    assert len(newest["channels"]["messages"]["segs"]) <= 10
+
+
+def test_async_graph_and_history(saver):
+    graph = _graph(saver)
+
+    async def main():
+        cfg = config("async-chat")
+        for i in range(5):
+            await graph.ainvoke({"messages": [HumanMessage(f"q{i}", id=f"h{i}")], "step": i,
+                                 "docs": ""}, cfg)
+        state = await graph.aget_state(cfg)
+        history = [s async for s in graph.aget_state_history(cfg)]
+        return state, history
+
+    state, history = asyncio.run(main())
+    assert [m.content for m in state.values["messages"]] == sum(
+        ([f"q{i}", f"reply {i}"] for i in range(5)), [])
+    assert len(history) == 15
+
+
+# -- growth ------------------------------------------------------------------------------
+
+
+def test_adding_a_checkpoint_writes_the_new_items_not_the_history(tmp_path):
+    """Bytes stored per checkpoint grow with log(history), not with history: a thread
+    of 1,000 checkpoints, each one 200-byte message longer, holds a few MB, where
+    copying the list each time (LangGraph's SQLite saver) holds 100 MB."""
+    db = agentstate.open(str(tmp_path / "growth.db"), durability="normal")
+    saver = AgentStateSaver(db)
+    chain(saver, "short", 100)
+    chain(saver, "long", 1000)
+    per_short = stored_bytes(db, saver._scope("short")) / 100
+    per_long = stored_bytes(db, saver._scope("long")) / 1000
+    assert per_long < 1.5 * per_short  # 10x the history, not 10x the bytes
+    assert per_long < 0.05 * 1000 * 200  # a copy per checkpoint averages 100 KB here
+    tup = saver.get_tuple(config("long"))
+    assert len(tup.checkpoint["channel_values"]["messages"]) == 1000
+    assert tup.checkpoint["channel_values"]["messages"][-1] == "m999:" + "x" * 200
+    db.close()
+
+
+# -- sizes and ids -----------------------------------------------------------------------
+
+
+def test_values_and_writes_over_one_mib_round_trip(saver):
+    big = "B" * (2_600_000)
+    items = ["i" * 300_000 for _ in range(5)]  # list items over the inline size
+    stored = saver.put(config("big"), checkpoint(cid(1), {"big": big, "items": items},
+                                                 {"big": 1, "items": 1}), {"step": 0},
+                       {"big": 1, "items": 1})
+    grown = items + ["j" * 1_500_000]
+    second = saver.put(config("big", cid=cid(1)),
+                       checkpoint(cid(2), {"big": big, "items": grown}, {"big": 1, "items": 2}),
+                       {"step": 1}, {"items": 2})
+    saver.put_writes(second, [("out", b"\x00" * 1_500_000)], "task")
+    first = saver.get_tuple(stored).checkpoint["channel_values"]
+    assert first == {"big": big, "items": items}
+    tup = saver.get_tuple(config("big"))
+    assert tup.checkpoint["channel_values"] == {"big": big, "items": grown}
+    assert tup.pending_writes == [("task", "out", b"\x00" * 1_500_000)]
+    assert [t.checkpoint["id"] for t in saver.list(config("big"))] == [cid(2), cid(1)]
+
+
+def test_ids_of_any_length_and_characters(saver):
+    thread = "thread/" + "é" * 300
+    ns = "parent:" + "n" * 120 + "|child:ü"
+    task = "t" * 500
+    stored = saver.put(config(thread, ns), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0},
+                       {"v": 1})
+    saver.put_writes(stored, [("v", 2)], task)
+    tup = saver.get_tuple(config(thread, ns))
+    assert tup.config["configurable"] == {"thread_id": thread, "checkpoint_ns": ns,
+                                          "checkpoint_id": cid(1)}
+    assert tup.pending_writes == [(task, "v", 2)]
+    assert [t.config["configurable"]["thread_id"] for t in saver.list(None)] == [thread]
+    assert [t.config["configurable"]["checkpoint_ns"] for t in saver.list({"configurable": {"thread_id": thread}})] \
+        == [ns]
+
+
+def test_list_merges_namespaces_and_threads_newest_first(saver):
+    for n, (thread, ns) in enumerate([("a", ""), ("b", "x:1"), ("a", "y:2"), ("b", ""), ("a", "")]):
+        saver.put(config(thread, ns), checkpoint(cid(n), {}, {}), {"step": n, "source": "loop"}, {})
+    assert [t.metadata["step"] for t in saver.list(None)] == [4, 3, 2, 1, 0]
+    assert [t.metadata["step"] for t in saver.list({"configurable": {"thread_id": "a"}})] == [4, 2, 0]
+    assert [t.metadata["step"] for t in saver.list(None, before=config("a", cid=cid(3)), limit=2)] \
+        == [2, 1]
+    assert [t.metadata["step"] for t in saver.list(None, filter={"step": 3})] == [3]
+
+
+# -- never overwriting, deleting what is unused ------------------------------------------
+
+
+def test_a_checkpoint_id_with_other_content_is_refused(saver):
+    first = checkpoint(cid(1), {"v": "mine"}, {"v": 1})
+    saver.put(config("t"), first, {"step": 0}, {"v": 1})
+    saver.put(config("t"), first, {"step": 0}, {"v": 1})  # a retry: nothing changes
+    with pytest.raises(agentstate.VersionConflict):
+        saver.put(config("t"), checkpoint(cid(1), {"v": "theirs"}, {"v": 1}), {"step": 0}, {"v": 1})
+    assert saver.get_tuple(config("t")).checkpoint["channel_values"] == {"v": "mine"}
+    assert len(list(saver.list(config("t")))) == 1
+
+
+def test_prune_and_delete_for_runs_keep_the_bytes_survivors_use(db, saver):
+    """The unchanged 5 KB channel was written by the first checkpoint only; the
+    newest still reads it after everything older is pruned or its run deleted."""
+    ids = chain(saver, "p", 30, writes=True, tag="old")
+    chain(saver, "p", 5, start=ids[-1], tag="new", writes=True)
+    saver.delete_for_runs(["run-old"])
+    tups = list(saver.list(config("p")))
+    assert [t.metadata["run_id"] for t in tups] == ["run-new"] * 5
+    assert tups[0].checkpoint["channel_values"]["docs"] == "D" * 5000
+    assert len(tups[0].checkpoint["channel_values"]["messages"]) == 35
+    saver.prune(["p"])
+    (only,) = saver.list(config("p"))
+    assert only.checkpoint["channel_values"]["docs"] == "D" * 5000
+    assert only.pending_writes == [("task-4", "messages", "pending 4")]
+    scope = saver._scope("p")
+    kept = _names("", only.checkpoint["id"])[1]
+    assert [k for k in scope.list("c.")] == [kept, f"{kept}.w.task-4.0"]
+    saver.delete_thread("p")
+    assert scope.list("") == [] and list(saver.list(None)) == []
+    assert db.scope("app", "langgraph.saver").list("") == []
+
+
+def test_prune_keeps_the_ancestors_a_delta_channel_needs(saver):
+    """keep_latest keeps the newest checkpoint's ancestors back to the first whose
+    metadata has no delta counters (there every DeltaChannel has its snapshot)."""
+    parent, ids = None, []
+    counters = [None, {"d": [1, 1]}, None, {"d": [1, 1]}, {"d": [2, 2]}]
+    for i, counter in enumerate(counters):
+        meta = {"step": i, **({"counters_since_delta_snapshot": counter} if counter else {})}
+        parent = saver.put(config("delta", cid=parent), checkpoint(cid(i), {"v": i}, {"v": i + 1}),
+                           meta, {"v": i + 1})["configurable"]["checkpoint_id"]
+        ids.append(parent)
+    saver.prune(["delta"])
+    assert [t.checkpoint["id"] for t in saver.list(config("delta"))] == ids[:1:-1]
+
+
+def test_copy_outlives_its_source(saver):
+    chain(saver, "src", 12, writes=True)
+    saver.copy_thread("src", "dst")
+    saver.delete_thread("src")
+    tup = saver.get_tuple(config("dst"))
+    assert len(tup.checkpoint["channel_values"]["messages"]) == 12
+    assert tup.pending_writes == [("task-11", "messages", "pending 11")]
+    saver.delete_for_runs(["run-m"])
+    assert list(saver.list(None)) == []
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _fork_worker(path: str, who: str, parent: str, barrier: Any, out: Any) -> None:
+    """Extend the shared parent by 15 checkpoints with the same integer versions as
+    the other worker (the versions LangGraph's base saver hands out) but other values."""
+    with agentstate.open(path) as db:
+        saver = AgentStateSaver(db)
+        barrier.wait()
+        prev, written = parent, []
+        for i in range(15):
+            c = f"1f1{i:05d}-0000-6000-8000-{who * 12}"
+            msgs = [f"{who}{j}:" + who * 600 for j in range(i + 1)]  # lists over the inline size
+            got = saver.put(config("shared", cid=prev), checkpoint(c, {"msgs": msgs, "base": "B"},
+                                                                   {"msgs": i + 2, "base": 1}),
+                            {"step": i, "who": who}, {"msgs": i + 2})
+            saver.put_writes(got, [("msgs", f"{who}-write-{i}")], "task")
+            prev = c
+            written.append((c, msgs))
+        out.put(written)
+
+
+def test_two_processes_extending_one_thread_never_overwrite_each_other(db_path):
+    """Two processes fork one thread from the same checkpoint at the same moment,
+    with equal channel versions: every checkpoint of both reads back as its writer
+    left it (LangGraph's savers key channel bytes by version, so one would read the
+    other's)."""
+    with agentstate.open(db_path) as db:
+        saver = AgentStateSaver(db)
+        root = saver.put(config("shared"), checkpoint(cid(0), {"msgs": [], "base": "B"},
+                                                      {"msgs": 1, "base": 1}), {"step": -1},
+                         {"msgs": 1, "base": 1})["configurable"]["checkpoint_id"]
+        ctx = multiprocessing.get_context("spawn")
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_fork_worker, args=(db_path, w, root, barrier, out))
+                 for w in "ab"]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        for written in results:
+            for c, msgs in written:
+                tup = saver.get_tuple(config("shared", cid=c))
+                assert tup.checkpoint["channel_values"] == {"msgs": msgs, "base": "B"}
+                who = msgs[0][0]
+                assert tup.pending_writes == [("task", "msgs", f"{who}-write-{len(msgs) - 1}")]
+        assert len(list(saver.list(config("shared")))) == 31
+
+
+def _same_id_worker(path: str, who: str, barrier: Any, out: Any) -> None:
+    with agentstate.open(path) as db:
+        saver = AgentStateSaver(db)
+        barrier.wait()
+        try:
+            saver.put(config("race"), checkpoint(cid(7), {"v": who * 3000}, {"v": 1}),
+                      {"who": who}, {"v": 1})
+            out.put((who, "stored"))
+        except agentstate.VersionConflict:
+            out.put((who, "refused"))
+
+
+def test_two_processes_putting_one_checkpoint_id_one_wins_whole(db_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_same_id_worker, args=(db_path, w, barrier, out)) for w in "ab"]
+    for p in procs:
+        p.start()
+    outcome = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert sorted(outcome.values()) == ["refused", "stored"]
+    (winner,) = [w for w, o in outcome.items() if o == "stored"]
+    with agentstate.open(db_path) as db:
+        tup = AgentStateSaver(db).get_tuple(config("race"))
+        assert tup.checkpoint["channel_values"] == {"v": winner * 3000}
+        assert tup.metadata["who"] == winner
+
+
+# -- async -----------------------------------------------------------------------------
+
+
+class Ticker:
+    """Counts how often the event loop got to run while something else was awaited."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.ticks += 1
+            await asyncio.sleep(0.01)
+
+
+def hold_write_lock(path: str, seconds: float, started: threading.Event) -> threading.Thread:
+    """Another connection holds the file's write lock for ``seconds``."""
+
+    def hold() -> None:
+        with agentstate.open(path) as other, other.transaction():
+            other.scope("app", "holder").put("k", 1)
+            started.set()
+            time.sleep(seconds)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    started.wait(10)
+    return t
+
+
+def test_async_calls_wait_for_the_lock_without_blocking_the_loop(db, db_path, saver):
+    """While another writer holds the lock, aput, aget_tuple, alist and the store's
+    abatch wait in worker threads: the loop keeps ticking."""
+    store = AgentStateStore(db)
+    holder = hold_write_lock(db_path, 0.6, threading.Event())
+
+    async def main():
+        ticker, stop = Ticker(), asyncio.Event()
+        tick = asyncio.create_task(ticker.run(stop))
+        await saver.aput(config("t"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0}, {"v": 1})
+        await store.aput(("ns",), "k", {"v": 1})
+        ticks_while_locked = ticker.ticks
+        assert (await saver.aget_tuple(config("t"))).checkpoint["channel_values"] == {"v": 1}
+        assert [t.checkpoint["id"] async for t in saver.alist(config("t"))] == [cid(1)]
+        assert (await store.aget(("ns",), "k")).value == {"v": 1}
+        stop.set()
+        await tick
+        return ticks_while_locked
+
+    assert asyncio.run(main()) >= 10  # 0.6 s of lock at 10 ms a tick; 0 if the loop were blocked
+    holder.join()
+
+
+def test_a_cancelled_aput_ends_whole(db_path):
+    """Cancelling aput while it waits for the lock cancels the wait; the put still
+    commits whole once the lock frees. A put that gives up (Busy) writes nothing."""
+    with agentstate.open(db_path) as db:
+        saver = AgentStateSaver(db)
+        big = {"big": "x" * 3_000_000, "small": 1}
+        holder = hold_write_lock(db_path, 0.5, threading.Event())
+
+        async def cancelled():
+            task = asyncio.create_task(saver.aput(config("c"), checkpoint(cid(1), big, {"big": 1, "small": 1}),
+                                                  {"step": 0}, {"big": 1, "small": 1}))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled())  # returns once the worker thread has finished
+        holder.join()
+        assert saver.get_tuple(config("c")).checkpoint["channel_values"] == big
+
+    with agentstate.open(db_path, busy_timeout=0.1) as impatient:
+        saver = AgentStateSaver(impatient)
+        holder = hold_write_lock(db_path, 0.6, threading.Event())
+        with pytest.raises(agentstate.Busy):
+            asyncio.run(saver.aput(config("d"), checkpoint(cid(1), big, {"big": 1, "small": 1}),
+                                   {"step": 0}, {"big": 1, "small": 1}))
+        holder.join()
+        assert saver._scope("d").list("") == [] and saver.get_tuple(config("d")) is None
+        # refused inside the transaction, after its bytes were written: rolled back too
+        with pytest.raises(agentstate.InvalidValue):
+            saver.put(config("d"), checkpoint(cid(1), big, {"big": 1, "small": 1}),
+                      {"step": 0, "score": float("nan")}, {"big": 1, "small": 1})
+        assert saver._scope("d").list("") == []
+
+
+def test_one_saver_and_store_serve_many_event_loops(db, saver):
+    """Nothing is bound to a loop: one saver and one store, used from successive
+    loops and from two loops in two threads at once."""
+    store = AgentStateStore(db)
+
+    async def work(name: str) -> None:
+        for i in range(5):
+            await saver.aput(config(name), checkpoint(cid(i), {"i": i}, {"i": i + 1}), {"step": i},
+                             {"i": i + 1})
+            await store.aput((name,), f"k{i}", {"i": i})
+        assert (await saver.aget_tuple(config(name))).checkpoint["channel_values"] == {"i": 4}
+        assert len(await store.asearch((name,))) == 5
+
+    asyncio.run(work("first"))
+    asyncio.run(work("second"))
+    errors: list[BaseException] = []
+
+    def in_thread(name: str) -> None:
+        try:
+            asyncio.run(work(name))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=in_thread, args=(f"thread{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+def test_store_search_pages_newest_first_with_filters(db):
+    store = AgentStateStore(db)
+    for i in range(30):
+        store.put(("mem", "u1" if i % 3 else "u2"), f"k{i}", {"n": i, "tag": "even" if i % 2 == 0 else "odd"})
+    store.put(("mem", "u1"), "k1", {"n": 100, "tag": "odd"})  # updated: now the newest
+    store.delete(("mem", "u2"), "k27")
+    pages = [store.search(("mem",), limit=7, offset=o) for o in range(0, 35, 7)]
+    keys = [item.key for page in pages for item in page]
+    assert keys == ["k1"] + [f"k{i}" for i in range(29, -1, -1) if i not in (1, 27)]
+    assert [i.key for i in store.search(("mem",), filter={"n": {"$gte": 20, "$lt": 25}, "tag": "even"})] \
+        == ["k24", "k22", "k20"]
+    assert [i.key for i in store.search(("mem", "u2"), filter={"tag": {"$ne": "even"}}, limit=3)] \
+        == ["k21", "k15", "k9"]
+    assert store.list_namespaces() == [("mem", "u1"), ("mem", "u2")]
+
+
+def test_store_expired_items_are_gone_before_any_sweep(db):
+    store = AgentStateStore(db, ttl={"default_ttl": 1 / 60})
+    store.put(("t",), "short", {"v": 1})
+    store.put(("t",), "kept", {"v": 2}, ttl=None)
+    assert store.get(("t",), "short") is not None
+    time.sleep(1.3)
+    assert store.get(("t",), "short") is None
+    assert [i.key for i in store.search(("t",))] == ["kept"]
+    assert store.sweep_ttl() == 1 and store.sweep_ttl() == 0
+    scope = db.scope("app", "langgraph.store")
+    assert not [k for k in scope.list("") if "short" in k]
+    store.delete(("t",), "kept")
+    assert scope.list("") == [] and store.list_namespaces() == []
+
+
+def test_store_long_namespaces_and_keys(db):
+    store = AgentStateStore(db)
+    ns = tuple(f"label{i}-é" * 3 for i in range(12))
+    key = "k" * 400
+    store.put(ns, key, {"v": "long"})
+    store.put(ns[:2], "short", {"v": "short"})
+    assert store.get(ns, key).value == {"v": "long"}
+    assert [i.key for i in store.search(ns[:1])] == ["short", key]
+    assert store.list_namespaces(prefix=ns[:3]) == [ns]
+    assert store.list_namespaces(suffix=ns[-1:], max_depth=2) == [ns[:2]]
+    store.delete(ns, key)
+    assert store.list_namespaces() == [ns[:2]]
+
+
+def test_store_refuses_an_embedding_index(db):
+    with pytest.raises(NotImplementedError):
+        AgentStateStore(db, index={"dims": 3, "embed": lambda texts: [[0.0] * 3 for _ in texts]})
+
+
+def _store_worker(path: str, who: str, barrier: Any) -> None:
+    with agentstate.open(path) as db:
+        store = AgentStateStore(db)
+        barrier.wait()
+        for i in range(40):
+            store.put(("shared",), f"{who}{i}", {"who": who, "i": i})
+            store.put(("shared",), "both", {"who": who, "i": i})
+
+
+def test_store_two_processes_one_namespace(db_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_store_worker, args=(db_path, w, barrier)) for w in "ab"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with agentstate.open(db_path) as db:
+        store = AgentStateStore(db)
+        found = store.search(("shared",), limit=1000)
+        assert sorted(i.key for i in found) == sorted(["both"] + [f"{w}{i}" for w in "ab" for i in range(40)])
+        assert store.get(("shared",), "both").value["i"] == 39
+        recency = db.scope("app", "langgraph.store").list("u.")
+        assert len(recency) == len(found)  # one index key per item: none lost, none stale
+
+
+# -- key encodings -----------------------------------------------------------------------
+
+
+@given(st.text())
+def test_escaped_text_is_a_key_and_comes_back(text):
+    e = esc(text)
+    assert unesc(e) == text
+    assert all(c.isascii() and (c.isalnum() or c in "-_") for c in e)
+
+
+@given(st.binary(max_size=30), st.binary(max_size=30))
+def test_descending_keys_reverse_the_order(a, b):
+    x, y = a.decode("latin-1"), b.decode("latin-1")
+    ax, bx = x.encode("utf-8"), y.encode("utf-8")
+    if ax != bx:
+        assert (ax < bx) == (descending(x) > descending(y))

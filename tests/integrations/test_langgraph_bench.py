@@ -1,0 +1,27 @@
+"""The LangGraph benchmark's smoke mode runs and writes its tables (speed is not asserted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import agentstate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_benchmark_writes_its_tables(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(agentstate.__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.adapter_langgraph", "--quick", "--repeats", "1",
+         "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "ADAPTER-LANGGRAPH.md").read_text()
+    for heading in ("## Checkpoints", "## A growing chat", "## Store"):
+        assert heading in report
+    rows = [line for line in report.splitlines() if line.startswith("| ") and line.endswith("x |")]
+    assert len(rows) == 12 + 4 + 8  # saver ops at 2 sizes, chat put and get at 2, store ops at 2
