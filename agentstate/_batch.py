@@ -51,9 +51,12 @@ class Batch:
         self.ops.append((op, scope.kind, scope.id, key, args, kwargs))
 
     def apply(self) -> list[Any]:
-        """All in one transaction: the first refusal raises and nothing is written."""
+        """All or none: the first refusal raises and nothing is written."""
         db = self._db
-        with db.transaction():
-            self.results = [getattr(db.scope(kind, sid), op)(key, *args, **kwargs)
-                            for op, kind, sid, key, args, kwargs in self.ops]
+
+        def call(op: str, kind: str, sid: str, key: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+            return getattr(db.scope(kind, sid), op)(key, *args, **kwargs)
+
+        self.results = db._ops.apply_batch(self.ops, call)
         return self.results

@@ -9,12 +9,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _admin, _changes, _feed
-from ._changes import Change
-from ._connection import Store, default_path, fs_path
+from . import _changes, _sqlite
+from ._changes import SETTINGS, Change
+from ._connection import default_path, fs_path
 from ._batch import Batch
 from ._scope import Scope, State
-from .errors import Closed, InvalidValue
+from .errors import InvalidValue
 
 
 class Options(BaseModel):
@@ -28,40 +28,47 @@ class Options(BaseModel):
 
 
 class Database:
-    """One agentstate file. Safe to share between threads; open one per process."""
+    """One agentstate store: a file, a server's tables, or a remote store over HTTP.
 
-    def __init__(self, options: Options) -> None:
+    Safe to share between threads; open one per process. Every call goes
+    through one backend operation (``_ops``): this object never asks which
+    backend it runs on.
+    """
+
+    def __init__(self, ops: Any, options: Any = None) -> None:
+        self._ops = ops
         self.options = options
-        self._store = Store(options.path, options.durability, options.busy_timeout, options.vfs)
-        self._store.housekeeping = _feed.purge
         self._runs: Any = None
         self._sessions: Any = None
 
     @property
     def path(self) -> str:
-        return self._store.path
+        """The file's path (or the server's address)."""
+        return self._ops.target
 
     @property
     def durability(self) -> str:
-        return self._store.durability
+        return self._ops.durability
+
+    @property
+    def _store(self) -> Any:  # the connection manager of a local backend (tests reach for it)
+        return self._ops.store
 
     def __repr__(self) -> str:
-        return f"<agentstate.Database {self.path!r}{' closed' if self._store.closed else ''}>"
+        return f"<agentstate.Database {self.path!r}{' closed' if self._ops.closed else ''}>"
 
     def _check_open(self) -> None:
-        if self._store.closed:
-            self._store.drop_local()  # one close() found busy in this thread
-            raise Closed(f"the database {self.path} is closed")
+        self._ops.check_open()
 
     def scope(self, kind: str, scope_id: str) -> Scope:
         """The keys of one scope: kind is thread, session, agent, user or app."""
         self._check_open()
-        return Scope(self._store, kind, scope_id)
+        return Scope(self._ops, kind, scope_id)
 
     def state(self, **ids: str) -> State:
         """Several scopes at once, e.g. ``db.state(session="s-1", agent="bot")``."""
         self._check_open()
-        return State(self._store, ids)
+        return State(self._ops, ids)
 
     @contextmanager
     def transaction(self) -> Iterator[Database]:
@@ -69,7 +76,7 @@ class Database:
 
         All are written or none: an exception in the block rolls back and propagates.
         """
-        with self._store.write():
+        with self._ops.transaction():
             yield self
 
     @contextmanager
@@ -86,7 +93,7 @@ class Database:
     def last_change(self) -> int:
         """The newest change's seq; 0 on a new file."""
         self._check_open()
-        return _changes.last_change(self._store)
+        return self._ops.feed_head()
 
     def changes(self, since: int = 0, *, limit: int = 1000, topic: str | None = None,
                 kind: str | None = None, scope_id: str | None = None,
@@ -97,8 +104,8 @@ class Database:
         """
         self._check_open()
         _changes.check_since(since, limit)
-        return _changes.changes(self._store, since, limit,
-                                _changes.filters(topic, kind, scope_id, key))
+        rows, _head = self._ops.feed_scan(since, limit, _changes.filters(topic, kind, scope_id, key))
+        return [_changes.change(r) for r in rows]
 
     def watch(self, since: int, *, timeout: float | None = None, limit: int = 1000,
               **filters: Any) -> list[Change]:
@@ -109,33 +116,32 @@ class Database:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not 0 <= timeout < 1e9):
             raise InvalidValue(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
-        return _changes.watch(self._store, since, timeout, limit, _changes.filters(**filters))
+        rows = self._ops.watch(since, timeout, limit, _changes.filters(**filters))
+        return [_changes.change(r) for r in rows]
 
     def awatch(self, since: int, *, limit: int = 1000, **filters: Any) -> AsyncIterator[Change]:
         """An async iterator of the changes after ``since``, as they are committed; it never
         ends by itself and never blocks the event loop."""
         self._check_open()
         _changes.check_since(since, limit)
-        return _changes.awatch(self._store, since, limit, _changes.filters(**filters))
+        return _changes.as_changes(self._ops.awatch(since, limit, _changes.filters(**filters)))
 
     # -- settings (SPEC §10) --------------------------------------------------
 
     def settings(self) -> dict[str, Any]:
         """Every setting of the file, with its default where none was set."""
         self._check_open()
-        with self._store.read() as c:
-            return _feed.settings(c)
+        return self._ops.settings()
 
     def set_setting(self, name: str, value: Any) -> None:
         """Set a setting for every process of the file. :raises InvalidValue: unknown name or bad value."""
         self._check_open()
-        if name not in _feed.DEFAULTS:
-            raise InvalidValue(f"no setting {name!r}; settings are {', '.join(_feed.DEFAULTS)}")
+        if name not in SETTINGS:
+            raise InvalidValue(f"no setting {name!r}; settings are {', '.join(SETTINGS)}")
         if type(value) is not int or not 0 <= value <= 100 * 365 * 86400:
             raise InvalidValue(f"{name} must be a whole number of seconds from 0 to 100 years, "
                                f"got {value!r}")
-        with self._store.write() as c:
-            _feed.set_setting(c, name, value)
+        self._ops.set_setting(name, value)
 
     @property
     def runs(self) -> Any:
@@ -144,7 +150,7 @@ class Database:
         if self._runs is None:
             from ._runs import RunStore
 
-            self._runs = RunStore(self._store)
+            self._runs = RunStore(self._ops)
         return self._runs
 
     @property
@@ -154,7 +160,7 @@ class Database:
         if self._sessions is None:
             from ._sessions import Sessions
 
-            self._sessions = Sessions(self._store)
+            self._sessions = Sessions(self._ops)
         return self._sessions
 
     def check(self) -> list[str]:
@@ -162,11 +168,11 @@ class Database:
 
         Returns each problem as "location: what (invariant)"; [] when all hold.
         """
-        return _admin.check(self._store)
+        return self._ops.check()
 
     def info(self) -> dict[str, Any]:
         """Path, file and WAL sizes, schema version, durability and row counts."""
-        return _admin.info(self._store)
+        return self._ops.info()
 
     def backup(self, dest: str | os.PathLike[str],
                progress: Callable[[int, int], None] | None = None) -> str:
@@ -175,15 +181,15 @@ class Database:
         ``progress(done_pages, total_pages)`` is called after each step.
         """
         self._check_open()
-        return _admin.backup(self._store, os.fspath(dest), progress)
+        return self._ops.backup(os.fspath(dest), progress)
 
     def vacuum(self) -> dict[str, int]:
         """Checkpoint the WAL and rebuild the file; returns its size before and after."""
-        return _admin.vacuum(self._store)
+        return self._ops.vacuum()
 
     def close(self) -> None:
         """Close every connection; idempotent. Any later call raises Closed."""
-        self._store.close()
+        self._ops.close()
 
     def __enter__(self) -> Database:
         return self
@@ -219,4 +225,5 @@ def open(
         )
     except (ValidationError, TypeError) as e:
         raise InvalidValue(f"bad open() argument: {e}") from None
-    return Database(options)
+    return Database(_sqlite.connect(options.path, options.durability, options.busy_timeout,
+                                    options.vfs), options)

@@ -14,6 +14,9 @@ from typing import Any
 import apsw
 
 from ._connection import iso, now_iso
+from .errors import CursorExpired
+
+__all__ = ["iso", "record", "head", "scan", "settings", "set_setting", "purge"]
 
 DEFAULTS: dict[str, Any] = {
     "feed_retention": 604_800,  # seconds of changes kept at least (7 days); 0: the feed is off
@@ -52,6 +55,25 @@ def changes(c: apsw.Connection, since: int, limit: int, filters: dict[str, Any])
         f"SELECT {COLUMNS} FROM change WHERE seq > :since{where} ORDER BY seq LIMIT :limit",
         {"since": since, "limit": limit, **filters},
     ).fetchall()
+
+
+def scan(c: apsw.Connection, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+    """(change rows after since, head) in the caller's read transaction.
+
+    :raises CursorExpired: some change after ``since`` is no longer kept.
+    """
+    top = head(c)
+    if since < top:
+        if setting(c, "feed_retention") == 0:
+            raise CursorExpired(f"the change feed is off (feed_retention 0): only since={top} "
+                                "(last_change()) is valid")
+        first = oldest(c)
+        if first is None or first > since + 1:
+            raise CursorExpired(
+                f"changes after {since} are no longer kept (the oldest kept is "
+                f"{first if first is not None else 'none'}): read the current state and go on "
+                f"from last_change() = {top}")
+    return changes(c, since, limit, flt), top
 
 
 def setting(c: apsw.Connection, name: str) -> Any:

@@ -23,7 +23,7 @@ from ._encoding import MAX_VALUE
 from .errors import NotAList, TooLarge, VersionConflict
 
 Row = tuple[Any, ...]
-KEEP: Any = object()  # expires: keep the key's expiry (update, append without ttl)
+KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl)
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
 _FIND = """SELECT version, type, list_id, length, size, expires_at FROM kv
@@ -132,7 +132,7 @@ def put(
     key's current expiry).
     """
     now = time.time()
-    keep = ttl is KEEP
+    keep = ttl == KEEP
     expires = None if keep or ttl is None else now + ttl
     args = {"kind": kind, "sid": sid, "key": key, "type": type_, "value": value, "size": size,
             "stamp": now_iso(), "now": now, "keep": keep, "expires": None if keep else expires}
@@ -194,7 +194,8 @@ def append(
     ``ttl``: seconds from now, or KEEP (the key's expiry; none for a new list).
     """
     now = time.time()
-    expires = KEEP if ttl is KEEP else now + ttl
+    keep = ttl == KEEP
+    expires = None if keep else now + ttl
     row = _settle(c, kind, sid, key, now)
     n = len(items)
     if row is None:
@@ -204,7 +205,7 @@ def append(
             raise NotAList(f"{kind}:{sid} {key} holds a {row[1]} value, not a list")
         length, size = row[3], row[4]
         if n == 0:  # nothing to add: only a new expiry, if one was asked for
-            if ttl is not KEEP:
+            if ttl != KEEP:
                 touch(c, kind, sid, key, ttl)
             return length, row[0]
     # items_size is the JSON of [items]; joining two lists drops one pair of
@@ -220,15 +221,14 @@ def append(
         version = c.execute(_CREATE, {
             "kind": kind, "sid": sid, "key": key, "type": "list", "value": None, "list_id": list_id,
             "length": n, "size": new_size, "stamp": stamp,
-            "expires": None if expires is KEEP else expires}).fetchone()[0]
+            "expires": expires}).fetchone()[0]
     else:
         list_id, version = row[2], row[0] + 1
         c.execute(
             """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7,
                              expires_at = iif(?8, expires_at, ?9)
                WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
-            (kind, sid, key, version, length + n, new_size, stamp, expires is KEEP,
-             None if expires is KEEP else expires),
+            (kind, sid, key, version, length + n, new_size, stamp, keep, expires),
         )
     _add_items(c, list_id, length, items)
     _feed.record(c, "kv", "append", kind, sid, key, version, length, n)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import time
 from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -13,13 +12,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pydantic.dataclasses import dataclass
 
 from . import _runfiles
-from . import _runs_repo as repo
-from ._connection import iso
 from ._encoding import canonical, check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
 if TYPE_CHECKING:
-    from ._connection import Store
+    from ._ops import LocalOps
 
 MAX_RECORD = 16 * 1024 * 1024  # an entry (with its seq) or a snapshot
 RUN_FORMAT = 1  # what run.format this agentstate writes and reads
@@ -121,8 +118,8 @@ def _decode_entries(rows: list[tuple[int, str]]) -> list[dict[str, Any]]:
 class RunStore:
     """``db.runs``: agent runs kept outside the process."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, ops: LocalOps) -> None:
+        self._ops = ops
 
     def write(
         self, run_id: str, entries: list[dict[str, Any]], snapshot: dict[str, Any] | None,
@@ -141,17 +138,15 @@ class RunStore:
         check_key(run_id, "run id")
         rows = encode_entries(entries)
         snap = encode_snapshot(snapshot)
-        with self._store.write() as c:
-            repo.write(c, run_id, rows, snap, create)
+        self._ops.run_write(run_id, rows, snap, create)
 
     def read(self, run_id: str) -> Record | None:
         """All entries from seq 0 and the snapshot; None if there is no such run."""
         check_key(run_id, "run id")
-        with self._store.snapshot() as c:
-            head = repo.head(c, run_id)
-            if head is None:
-                return None
-            rows = repo.entries(c, run_id, 0, None)
+        got = self._ops.run_read(run_id)
+        if got is None:
+            return None
+        head, rows = got
         return Record(_decode_entries(rows), decode(head[0]) if head[0] is not None else None)
 
     def trim(self, run_id: str, *, before: int) -> int:
@@ -165,8 +160,7 @@ class RunStore:
         """
         check_key(run_id, "run id")
         check_int("before", before)
-        with self._store.write() as c:
-            return repo.trim(c, run_id, before)
+        return self._ops.run_trim(run_id, before)
 
     def prune(self, *, older_than: float, finished_only: bool = True) -> list[str]:
         """Delete the runs not written for ``older_than`` seconds (only those whose
@@ -176,34 +170,29 @@ class RunStore:
             raise InvalidValue(f"older_than must be a number of seconds >= 0, got {older_than!r}")
         if type(finished_only) is not bool:
             raise InvalidValue(f"finished_only must be True or False, got {finished_only!r}")
-        with self._store.write() as c:
-            return repo.prune(c, iso(time.time() - older_than), finished_only)
+        return self._ops.run_prune(older_than, finished_only)
 
     def entries(self, run_id: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Entries with seq >= since, at most ``limit``; [] for an unknown run."""
         check_key(run_id, "run id")
         _check_count("since", since)
         _check_count("limit", limit, allow_none=True)
-        with self._store.read() as c:
-            return _decode_entries(repo.entries(c, run_id, since, limit))
+        return _decode_entries(self._ops.run_entries(run_id, since, limit))
 
     def tail(self, run_id: str, n: int) -> list[dict[str, Any]]:
         """The last ``n`` entries, in seq order; [] for an unknown run."""
         check_key(run_id, "run id")
         _check_count("n", n)
-        with self._store.read() as c:
-            return _decode_entries(repo.tail(c, run_id, n))
+        return _decode_entries(self._ops.run_tail(run_id, n))
 
     def delete(self, run_id: str) -> bool:
         """Remove the run, its history and snapshot; nothing if absent. True if it existed."""
         check_key(run_id, "run id")
-        with self._store.write() as c:
-            return repo.delete(c, run_id)
+        return self._ops.run_delete(run_id)
 
     def list(self) -> list[SavedState]:
         """Every run, most recently updated first (their histories are not read)."""
-        with self._store.read() as c:
-            rows = repo.summaries(c)
+        rows = self._ops.run_list()
         out = []
         for run_id, created, updated, *fields in rows:
             task, turn, stopped_by, finished = (decode(f) if f is not None else None for f in fields)
@@ -225,11 +214,10 @@ class RunStore:
         :raises SchemaTooNew: the run was written by a newer agentstate.
         """
         check_key(run_id, "run id")
-        with self._store.snapshot() as c:
-            head = repo.head(c, run_id)
-            if head is None:
-                raise RunNotFound(f"no run {run_id!r}")
-            rows = repo.entries(c, run_id, 0, None)
+        got = self._ops.run_read(run_id)
+        if got is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        head, rows = got
         snapshot_text, next_seq, fmt, first = head
         if fmt > RUN_FORMAT:
             raise SchemaTooNew(f"run {run_id!r} has format {fmt}; this agentstate reads {RUN_FORMAT}")
@@ -280,8 +268,7 @@ class RunStore:
         check_key(run_id, "run id")
         check_key(new_id, "run id")
         _check_count("upto", upto, allow_none=True)
-        with self._store.write() as c:
-            repo.fork(c, run_id, new_id, upto)
+        self._ops.run_fork(run_id, new_id, upto)
 
     def export(self, run_id: str, folder: str | os.PathLike[str]) -> Path:
         """Write the run to ``folder/{run_id}/log.jsonl`` and ``snapshot.json``."""
@@ -292,8 +279,7 @@ class RunStore:
         return _runfiles.import_runs(self, folder)
 
     def _next_seq(self, run_id: str) -> int | None:
-        with self._store.read() as c:
-            head = repo.head(c, run_id)
+        head = self._ops.run_head(run_id)
         return None if head is None else head[1]
 
     awrite = _aversion(write)

@@ -13,13 +13,15 @@ from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _kv
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
                         encode, encode_items, prefix_ok)
 from .errors import Damaged, InvalidValue, NotAList, TooLarge, VersionConflict
 
 if TYPE_CHECKING:
-    from ._connection import Store
+    from ._ops import LocalOps
+
+
+KEEP: Any = "keep"  # ttl: keep the key's expiry (update; append without ttl)
 
 
 class Versioned(NamedTuple):
@@ -98,10 +100,10 @@ def _async(fn: Callable[..., Any]) -> Callable[..., Any]:
 class Scope:
     """The keys of one scope, e.g. ``db.scope("session", "s-42")``."""
 
-    __slots__ = ("_store", "kind", "id")
+    __slots__ = ("_ops", "kind", "id")
 
-    def __init__(self, store: Store, kind: str, scope_id: str) -> None:
-        self._store = store
+    def __init__(self, ops: LocalOps, kind: str, scope_id: str) -> None:
+        self._ops = ops
         self.kind = check_kind(kind)
         self.id = check_key(scope_id, "scope id")
 
@@ -111,15 +113,13 @@ class Scope:
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when absent."""
         check_key(key)
-        with self._store.read() as c:
-            row = _kv.get(c, self.kind, self.id, key)
+        row = self._ops.kv_get(self.kind, self.id, key)
         return default if row is None else _value(row)
 
     def get_versioned(self, key: str) -> Versioned:
         """``Versioned(value, version)``; ``(None, 0)`` when absent."""
         check_key(key)
-        with self._store.read() as c:
-            row = _kv.get(c, self.kind, self.id, key)
+        row = self._ops.kv_get(self.kind, self.id, key)
         return Versioned(None, 0) if row is None else Versioned(_value(row), row[2])
 
     def put(self, key: str, value: Any, *, if_version: int | None = None,
@@ -135,15 +135,13 @@ class Scope:
         if_version = _check_version(if_version)
         ttl = _ttl(ttl)
         type_, stored, size, items = _encode_value(value)
-        with self._store.write() as c:
-            return _kv.put(c, self.kind, self.id, key, type_, stored, size, items, if_version, ttl)
+        return self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items, if_version, ttl)
 
     def delete(self, key: str, *, if_version: int | None = None) -> bool:
         """Remove ``key``; True if it existed. :raises VersionConflict: as for put."""
         check_key(key)
         if_version = _check_version(if_version)
-        with self._store.write() as c:
-            return _kv.delete(c, self.kind, self.id, key, if_version)
+        return self._ops.kv_delete(self.kind, self.id, key, if_version)
 
     def update(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
         """Replace the value by ``fn(value)`` atomically and return the new value.
@@ -156,24 +154,28 @@ class Scope:
         writes nothing and propagates.
         """
         check_key(key)
-        with self._store.read() as c:
-            row = _kv.get(c, self.kind, self.id, key)
+        row = self._ops.kv_get(self.kind, self.id, key)
         new = fn(default if row is None else _value(row))
+        if self._try_set(key, new, row):
+            return new
+        # Lost the race: again, holding the write lock where the store has one
+        # (then this cannot lose again); a remote store retries until it wins.
+        with self._ops.exclusive():
+            while True:
+                row = self._ops.kv_get(self.kind, self.id, key)
+                new = fn(default if row is None else _value(row))
+                if self._try_set(key, new, row):
+                    return new
+
+    def _try_set(self, key: str, new: Any, row: tuple[Any, ...] | None) -> bool:
+        """The compare-and-set of update(): writes only at the version read; keeps the expiry."""
         type_, stored, size, items = _encode_value(new)
-        with self._store.write() as c:
-            try:  # the compare-and-set (it writes nothing when it refuses)
-                _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
-                        0 if row is None else row[2], _kv.KEEP)
-                return new
-            except VersionConflict:
-                pass
-            # Lost the race: once more, under the write lock this time.
-            row = _kv.get(c, self.kind, self.id, key)
-            new = fn(default if row is None else _value(row))
-            type_, stored, size, items = _encode_value(new)
-            _kv.put(c, self.kind, self.id, key, type_, stored, size, items,
-                    0 if row is None else row[2], _kv.KEEP)
-        return new
+        try:
+            self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items,
+                             0 if row is None else row[2], KEEP)
+            return True
+        except VersionConflict:
+            return False
 
     def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> Appended:
         """Add ``items`` at the end of the list ``key`` (created if absent).
@@ -186,26 +188,21 @@ class Scope:
         check_key(key)
         ttl = _ttl(ttl)
         texts, size = encode_items(items)
-        with self._store.write() as c:
-            return Appended(*_kv.append(c, self.kind, self.id, key, texts, size,
-                                        _kv.KEEP if ttl is None else ttl))
+        return Appended(*self._ops.kv_append(self.kind, self.id, key, texts, size,
+                                             KEEP if ttl is None else ttl))
 
     def touch(self, key: str, ttl: float | None = None) -> bool:
         """Set a new expiry, ``ttl`` seconds from now (None: never); value and version
         unchanged. False if the key is absent."""
         check_key(key)
         ttl = _ttl(ttl)
-        with self._store.write() as c:
-            return _kv.touch(c, self.kind, self.id, key, ttl) is not None
+        return self._ops.kv_touch(self.kind, self.id, key, ttl)
 
     def expires_at(self, key: str) -> datetime | None:
         """When the key expires (UTC); None if it does not, or is absent."""
         check_key(key)
-        with self._store.read() as c:
-            row = _kv.expires_at(c, self.kind, self.id, key)
-        if row is None or row[0] is None:
-            return None
-        return datetime.fromtimestamp(row[0], timezone.utc)
+        at = self._ops.kv_expires_at(self.kind, self.id, key)
+        return None if at is None else datetime.fromtimestamp(at, timezone.utc)
 
     def pop(self, key: str, n: int = 1) -> list[Any]:
         """Remove the last ``n`` items of the list ``key`` and return them in list order.
@@ -215,8 +212,7 @@ class Scope:
         """
         check_key(key)
         check_int("n", n)
-        with self._store.write() as c:
-            texts, _version = _kv.pop(c, self.kind, self.id, key, n)
+        texts = self._ops.kv_pop(self.kind, self.id, key, n)
         return _stored("[" + ",".join(texts) + "]") if texts else []
 
     def slice(self, key: str, start: int = 0, stop: int | None = None) -> list[Any]:
@@ -228,8 +224,7 @@ class Scope:
         _check_index("start", start)
         if stop is not None:
             _check_index("stop", stop)
-        with self._store.read() as c:
-            texts = _kv.slice_items(c, self.kind, self.id, key, start, stop)
+        texts = self._ops.kv_slice(self.kind, self.id, key, start, stop)
         if texts is None:
             raise NotAList(f"{self.kind}:{self.id} {key} does not hold a list")
         return _stored("[" + ",".join(texts) + "]")
@@ -237,8 +232,7 @@ class Scope:
     def length(self, key: str) -> int:
         """Items in the list ``key``; 0 when absent. :raises NotAList:"""
         check_key(key)
-        with self._store.read() as c:
-            n = _kv.length(c, self.kind, self.id, key)
+        n = self._ops.kv_length(self.kind, self.id, key)
         if n is None:
             raise NotAList(f"{self.kind}:{self.id} {key} does not hold a list")
         return n
@@ -253,10 +247,9 @@ class Scope:
         if limit is not None:
             check_int("limit", limit)
         if not prefix_ok(prefix):
-            self._store.conn()  # still refuse a closed database
+            self._ops.check_open()  # still refuse a closed database
             return []
-        with self._store.read() as c:
-            return _kv.keys(c, self.kind, self.id, prefix, after, limit)
+        return self._ops.kv_keys(self.kind, self.id, prefix, after, limit)
 
     def put_bytes(self, key: str, data: bytes, *, if_version: int | None = None,
                   ttl: float | None = None) -> int:
@@ -269,14 +262,12 @@ class Scope:
         data = bytes(data)
         if len(data) > MAX_VALUE:
             raise TooLarge(f"value is {len(data)} bytes, over the limit of {MAX_VALUE}", len(data), MAX_VALUE)
-        with self._store.write() as c:
-            return _kv.put(c, self.kind, self.id, key, "bytes", data, len(data), None, if_version, ttl)
+        return self._ops.kv_put(self.kind, self.id, key, "bytes", data, len(data), None, if_version, ttl)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes; a JSON value as its UTF-8 JSON text; None when absent."""
         check_key(key)
-        with self._store.read() as c:
-            row = _kv.get(c, self.kind, self.id, key)
+        row = self._ops.kv_get(self.kind, self.id, key)
         if row is None:
             return None
         type_, value, _version, items = row
@@ -326,11 +317,11 @@ class Scope:
 class State:
     """Several scopes at once: ``db.state(session="s", agent="a").session``."""
 
-    def __init__(self, store: Store, ids: dict[str, str]) -> None:
+    def __init__(self, ops: LocalOps, ids: dict[str, str]) -> None:
         for kind, scope_id in ids.items():
             check_kind(kind)
             if scope_id is not None:
-                object.__setattr__(self, kind, Scope(store, kind, scope_id))
+                object.__setattr__(self, kind, Scope(ops, kind, scope_id))
 
     def __getattr__(self, name: str) -> Scope:
         if name in SCOPE_KINDS:

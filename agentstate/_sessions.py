@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -12,15 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic.dataclasses import dataclass
 
-from . import _sessions_repo as repo
-from ._connection import iso
 from ._encoding import check_key, decode, encode, is_key
 from ._runs import parse_time
 from ._scope import Scope
-from .errors import Forbidden, InvalidTransition, InvalidValue, NotFound
+from ._turnstate import effective_status
+from .errors import InvalidTransition, InvalidValue, NotFound
 
 if TYPE_CHECKING:
-    from ._connection import Store
+    from ._ops import LocalOps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +86,7 @@ class Turn:
     def _load(self, row: tuple[Any, ...]) -> None:
         (self.id, self.session_id, self.n, status, input_, request, decision, result,
          self.error, self.lease_until, created, updated, self.lease) = row
-        self.status = repo.effective_status(status, self.lease_until)
+        self.status = effective_status(status, self.lease_until)
         self.input = None if input_ is None else decode(input_)
         self.request = None if request is None else decode(request)
         self.decision = None if decision is None else decode(decision)
@@ -99,7 +96,7 @@ class Turn:
     def __repr__(self) -> str:
         return f"<Turn {self.id} of {self.session_id}: {self.status}>"
 
-    def _move(self, from_states: tuple[str, ...], to: str, what: str,
+    def _move(self, from_states: tuple[str, ...], to: str | None, what: str,
               lease: float | None = None, **sets: Any) -> Turn:
         row = self._sessions._move(self.id, self._principal, from_states, to, what, lease, sets)
         self._load(row)
@@ -117,7 +114,7 @@ class Turn:
     def heartbeat(self, lease: float | None = None) -> Turn:
         """Renew the lease of a running (or resuming) turn; by its last length if None."""
         lease = _lease(self.lease or 60.0 if lease is None else lease)
-        return self._move(("running", "resuming"), "__same__", "heartbeat", lease)
+        return self._move(("running", "resuming"), None, "heartbeat", lease)
 
     def hold(self, request: Any = None) -> Turn:
         """running -> held: waits for a decision and no longer blocks the session."""
@@ -136,8 +133,8 @@ class Turn:
 class Sessions:
     """``db.sessions``: sessions owned by principals, and their turns."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, ops: LocalOps) -> None:
+        self._ops = ops
 
     # -- sessions ------------------------------------------------------------
 
@@ -147,32 +144,27 @@ class Sessions:
         if metadata is not None and not isinstance(metadata, dict):
             raise InvalidValue("metadata must be a dict")
         meta = encode(metadata or {})[0]
-        with self._store.write() as c:
-            return _info(repo.create(c, f"s-{uuid.uuid4().hex}", p.name, meta))
+        return _info(self._ops.session_create(p.name, meta))
 
     def get(self, session_id: str, principal: Principal) -> SessionInfo:
         """:raises NotFound: unknown, or not this principal's (unless admin)."""
         p = self._check(session_id, principal)
-        with self._store.read() as c:
-            return _info(repo.session_row(c, session_id, p.name, p.admin))
+        return _info(self._ops.session_get(session_id, p.name, p.admin))
 
     def list(self, principal: Principal) -> list[SessionInfo]:
         """The principal's own sessions (all of them for an admin), newest first."""
         p = _principal(principal)
-        with self._store.read() as c:
-            return [_info(r) for r in repo.sessions(c, p.name, p.admin)]
+        return [_info(r) for r in self._ops.session_list(p.name, p.admin)]
 
     def delete(self, session_id: str, principal: Principal) -> None:
         """Remove the session, its turns and its session-scope state, in one transaction."""
         p = self._check(session_id, principal)
-        with self._store.write() as c:
-            repo.session_row(c, session_id, p.name, p.admin)
-            repo.delete(c, session_id)
+        self._ops.session_delete(session_id, p.name, p.admin)
 
     def state(self, session_id: str, principal: Principal) -> Scope:
         """The scope ``session:{id}``, after the access check."""
         self.get(session_id, principal)
-        return Scope(self._store, "session", session_id)
+        return Scope(self._ops, "session", session_id)
 
     def prune(self, principal: Principal, *, idle_for: float) -> list[str]:
         """Admins only: delete the sessions with no turn started for ``idle_for``
@@ -182,14 +174,7 @@ class Sessions:
         if isinstance(idle_for, bool) or not isinstance(idle_for, (int, float)) \
                 or not 0 <= idle_for < 1e11:
             raise InvalidValue(f"idle_for must be a number of seconds >= 0, got {idle_for!r}")
-        if not p.admin:
-            raise Forbidden(f"only an admin may prune sessions ({p.name} is not one)")
-        with self._store.write() as c:
-            now = time.time()
-            ids = repo.idle(c, iso(now - idle_for), now)
-            for session_id in ids:
-                repo.delete(c, session_id)
-        return ids
+        return self._ops.session_prune(p.name, p.admin, idle_for)
 
     # -- turns ---------------------------------------------------------------
 
@@ -203,10 +188,8 @@ class Sessions:
         p = self._check(session_id, principal)
         data = _json_or_none(input)
         lease = _lease(lease)
-        with self._store.write() as c:
-            repo.session_row(c, session_id, p.name, p.admin)
-            row = repo.start(c, f"t-{uuid.uuid4().hex}", session_id,
-                             "queued" if queued else "running", data, lease)
+        row = self._ops.turn_start(session_id, p.name, p.admin, "queued" if queued else "running",
+                                   data, lease)
         return Turn(self, p, row)
 
     @contextmanager
@@ -244,10 +227,7 @@ class Sessions:
     def turns(self, session_id: str, principal: Principal) -> list[Turn]:
         """The session's turns, newest first."""
         p = self._check(session_id, principal)
-        with self._store.snapshot() as c:
-            repo.session_row(c, session_id, p.name, p.admin)
-            rows = repo.turns(c, session_id)
-        return [Turn(self, p, r) for r in rows]
+        return [Turn(self, p, r) for r in self._ops.turn_list(session_id, p.name, p.admin)]
 
     def decide(self, turn_id: str, principal: Principal, decision: Any) -> Turn:
         """held -> decided, recording the decision."""
@@ -268,18 +248,7 @@ class Sessions:
         :raises Forbidden: not an admin. :raises InvalidTransition: no active turn.
         """
         p = self._check(session_id, principal)
-        if not p.admin:
-            with self._store.read() as c:
-                repo.session_row(c, session_id, p.name, p.admin)  # others: NotFound first
-            raise Forbidden(f"only an admin may release a session's turn ({p.name} is not one)")
-        with self._store.write() as c:
-            repo.session_row(c, session_id, p.name, p.admin)
-            active = repo.active_turn(c, session_id)
-            if active is None:
-                raise InvalidTransition(f"session {session_id!r} has no active turn to release")
-            row = repo.move(c, active[0], ("queued", "running"), "failed",
-                            {"error": f"released by {p.name}"}, None, "release")
-        return Turn(self, p, row)
+        return Turn(self, p, self._ops.session_release(session_id, p.name, p.admin))
 
     # -- helpers -------------------------------------------------------------
 
@@ -289,26 +258,15 @@ class Sessions:
             raise NotFound(f"no session {session_id!r}")  # no such id can exist
         return p
 
-    @staticmethod
-    def _visible_turn(c: Any, turn_id: Any, p: Principal) -> tuple[Any, ...]:
-        """The turn's row if ``p`` may see its session; NotFound alike for unknown and others'."""
-        row = repo.turn_row(c, turn_id) if type(turn_id) is str and is_key(turn_id) else None
-        if row is None:
-            raise NotFound(f"no turn {turn_id!r}")
-        try:
-            repo.session_row(c, row[1], p.name, p.admin)
-        except NotFound:
-            raise NotFound(f"no turn {turn_id!r}") from None
-        return row
-
     def _turn_row(self, turn_id: Any, p: Principal) -> tuple[Any, ...]:
-        with self._store.snapshot() as c:
-            return self._visible_turn(c, turn_id, p)
+        if type(turn_id) is not str or not is_key(turn_id):
+            raise NotFound(f"no turn {turn_id!r}")  # no such id can exist
+        return self._ops.turn_get(turn_id, p.name, p.admin)
 
-    def _move(self, turn_id: str, p: Principal, from_states: tuple[str, ...], to: str,
+    def _move(self, turn_id: str, p: Principal, from_states: tuple[str, ...], to: str | None,
               what: str, lease: float | None, sets: dict[str, Any]) -> tuple[Any, ...]:
-        """One state change in one write transaction; "__same__" keeps the status (heartbeat)."""
-        with self._store.write() as c:
-            row = self._visible_turn(c, turn_id, p)
-            return repo.move(c, turn_id, from_states, row[3] if to == "__same__" else to,
-                             sets, lease, what)
+        """One state change in one write transaction; ``to`` None keeps the status (heartbeat)."""
+        if type(turn_id) is not str or not is_key(turn_id):
+            raise NotFound(f"no turn {turn_id!r}")
+        return self._ops.turn_move(turn_id, p.name, p.admin, from_states, to, what, lease, sets)
+

@@ -14,11 +14,11 @@ import apsw
 
 from . import _feed, _kv
 from ._connection import now_iso
+from ._turnstate import LEASED, effective_status
 from .errors import InvalidTransition, NotFound, SessionBusy
 
 TURN_COLUMNS = ("id, session_id, n, status, input, request, decision, result, error, "
                 "lease_until, created_at, updated_at, lease")
-LEASED = ("queued", "running", "resuming")  # states that lapse into 'expired'
 
 
 def session_row(c: apsw.Connection, session_id: str, name: str, admin: bool) -> tuple[Any, ...]:
@@ -153,11 +153,6 @@ def move(
     status = effective_status(cur[3], cur[9], now)
     raise InvalidTransition(f"cannot {what} turn {turn_id!r}: it is {status}")
 
-
-def effective_status(status: str, lease_until: float | None, now: float | None = None) -> str:
-    if status in LEASED and lease_until is not None and lease_until < (now or time.time()):
-        return "expired"
-    return status
 
 
 def active_turn(c: apsw.Connection, session_id: str) -> tuple[Any, ...] | None:
