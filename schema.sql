@@ -126,12 +126,14 @@ CREATE TABLE turn (
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
 
 -- The change feed (SPEC §9): one row per committed change, written in the
--- same transaction as the change. AUTOINCREMENT: a seq is never reused, not
--- even after the newest rows were purged; writers take turns (one write lock),
--- so seqs commit in order and a reader never sees a lower one appear later.
--- Rows hold no values; old rows are purged, a few per write transaction.
+-- same transaction as the change. Writers take turns (one write lock), so
+-- seqs commit in order and a reader never sees a lower one appear later. Rows
+-- hold no values; old rows are purged a few per write transaction, but never
+-- the newest one, so max(seq) is never handed out again (no AUTOINCREMENT:
+-- it would add a page to every commit). No index beyond seq: readers scan
+-- forward from their cursor.
 CREATE TABLE change (
-    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq      INTEGER PRIMARY KEY,
     at       TEXT    NOT NULL,  -- commit time, ISO-8601 UTC
     topic    TEXT    NOT NULL CHECK (topic IN ('kv', 'run', 'session')),
     op       TEXT    NOT NULL,  -- kv: put delete append pop touch expire; run: create write delete fork trim;
@@ -143,7 +145,6 @@ CREATE TABLE change (
     start    INTEGER,  -- append/pop: first index; run: first seq; else NULL
     count    INTEGER   -- how many items or entries from start
 ) STRICT;
-CREATE INDEX change_by_scope ON change (scope_id, seq);
 
 -- Settings every process of the file agrees on (SPEC §10); absent: the default.
 CREATE TABLE setting (

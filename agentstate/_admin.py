@@ -61,10 +61,7 @@ INVARIANTS: list[tuple[str, str]] = [
         HAVING count(e.seq) <> r.next_seq - r.first_seq
             OR coalesce(min(e.seq), r.first_seq) <> r.first_seq
             OR coalesce(max(e.seq), r.next_seq - 1) <> r.next_seq - 1"""),
-    ("the change feed: seqs handed out in order, rows well formed", """
-        SELECT 'change seq ' || seq, 'above the last seq handed out'
-        FROM change WHERE seq > coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'change'), 0)
-        UNION ALL
+    ("the change feed: rows well formed", """
         SELECT 'change seq ' || seq, 'topic ' || topic || ' has no op ' || op
         FROM change
         WHERE NOT (topic = 'kv' AND op IN ('put', 'delete', 'append', 'pop', 'touch', 'expire')

@@ -14,7 +14,7 @@ from ._changes import SETTINGS, Change
 from ._connection import default_path, fs_path
 from ._batch import Batch
 from ._scope import Scope, State
-from .errors import InvalidValue
+from .errors import InvalidValue, UsageError
 
 
 class Options(BaseModel):
@@ -207,7 +207,9 @@ def open(
 ) -> Database:
     """Open (creating if needed) the agentstate database at ``path``.
 
-    ``path`` defaults to ``$AGENTSTATE_DB``, else ``./agentstate.db``.
+    ``path`` defaults to ``$AGENTSTATE_DB``, else ``./agentstate.db``. A URL
+    starting ``postgresql://`` or ``postgres://`` opens the same store on a
+    PostgreSQL server (the ``postgres`` extra); a URL is never a file name.
     ``durability="full"``: every returned write is on disk; ``"normal"``: the
     last commits may be lost on power failure, the file is never corrupted.
     ``vfs`` names a registered SQLite VFS to use instead of the default one.
@@ -216,9 +218,12 @@ def open(
     :raises Damaged: the file is not an agentstate database.
     :raises StorageError: the file cannot be opened for writing.
     """
+    target = path if path is not None else default_path()
+    if isinstance(target, str) and is_server_url(target):
+        return _open_server(target, durability, busy_timeout)
     try:
         options = Options(
-            path=fs_path(path) if path is not None else default_path(),
+            path=fs_path(target),
             durability=durability,
             busy_timeout=busy_timeout,
             vfs=vfs,
@@ -227,3 +232,21 @@ def open(
         raise InvalidValue(f"bad open() argument: {e}") from None
     return Database(_sqlite.connect(options.path, options.durability, options.busy_timeout,
                                     options.vfs), options)
+
+
+def is_server_url(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+def _open_server(url: str, durability: str, busy_timeout: float) -> Database:
+    try:
+        options = Options(path=url, durability=durability, busy_timeout=busy_timeout)
+    except (ValidationError, TypeError) as e:
+        raise InvalidValue(f"bad open() argument: {e}") from None
+    try:
+        from . import _postgres
+    except ImportError as e:
+        raise UsageError(
+            "a postgresql:// URL needs the postgres extra: pip install 'agentstate[postgres]' "
+            f"({e})") from None
+    return Database(_postgres.connect(url, options.durability, options.busy_timeout), options)

@@ -39,9 +39,8 @@ def record(c: apsw.Connection, topic: str, op: str, kind: str | None = None,
 
 
 def head(c: apsw.Connection) -> int:
-    """The newest seq ever handed out (kept or purged); 0 on a new file."""
-    row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'change'").fetchone()
-    return row[0] if row else 0
+    """The newest seq handed out (the purge always keeps its row); 0 on a new file."""
+    return c.execute("SELECT coalesce(max(seq), 0) FROM change").fetchone()[0]
 
 
 def oldest(c: apsw.Connection) -> int | None:
@@ -96,7 +95,8 @@ def purge(c: apsw.Connection, batch: int = PURGE_BATCH) -> int:
 
     now = time.time()
     cutoff = iso(max(0.0, now - setting(c, "feed_retention")))
-    n = c.execute(
+    n = c.execute(  # never the newest row: its seq must not be handed out again
         """DELETE FROM change WHERE seq IN (SELECT seq FROM change ORDER BY seq LIMIT ?)
-           AND at < ? RETURNING seq""", (batch, cutoff)).fetchall()
+           AND at < ? AND seq < (SELECT max(seq) FROM change) RETURNING seq""",
+        (batch, cutoff)).fetchall()
     return len(n) + _kv.purge_expired(c, now, batch)

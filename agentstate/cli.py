@@ -17,6 +17,7 @@ import click
 import agentstate
 
 from . import _demo
+from ._database import is_server_url
 from ._encoding import check_key, check_kind, encode, encode_items
 
 ADMIN = agentstate.Principal("agentstate-cli", admin=True)
@@ -57,6 +58,10 @@ class Ctx:
         self.db: agentstate.Database | None = None
 
     def open(self, create: bool = False) -> agentstate.Database:
+        if is_server_url(self.db_path):  # a server: nothing to create or check here
+            self.db = agentstate.open(self.db_path)
+            click.get_current_context().call_on_close(self.db.close)
+            return self.db
         exists = os.path.exists(self.db_path)
         if not create and not exists:
             fail("not_found", f"no database at {self.db_path} (agentstate init creates one)")
