@@ -14,7 +14,8 @@ same item.
 Layout: one scope per session, ``session:openai-agents:<escaped id>``, holding
 nothing else::
 
-    meta              {"last": n, "spills": s}: the last chunk, the next bytes id
+    meta              {"format": 1, "last": n, "spills": s}: this layout's version,
+                      the last chunk, the next bytes id
     c.00000000 ...    the history, in chunks: lists of up to 1 MiB of JSON (the list
     c.<n>             limit); only the last chunk, n, ever changes, and only it
                       may be empty
@@ -53,7 +54,7 @@ from agents.memory.session_settings import (SessionSettings, coerce_session_sett
                                             resolve_session_limit)
 
 import agentstate
-from agentstate import Closed, Damaged, InvalidKey, InvalidValue, TooLarge
+from agentstate import Closed, Damaged, InvalidKey, InvalidValue, SchemaTooNew, TooLarge
 
 __all__ = ["AgentStateSession", "SessionClosed", "scope_id", "session_id_of"]
 
@@ -61,6 +62,7 @@ SCOPE_PREFIX = "openai-agents:"
 CHUNK_BYTES = 1_000_000  # new chunks are planned below the 1 MiB list limit
 PART_BYTES = 1024 * 1024  # the limit of one bytes value
 READ_TRIES = 8  # optimistic reads before reading under the write lock
+FORMAT = 1  # the layout below; a newer one is refused, never misread
 
 _compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -140,6 +142,12 @@ def _plan(item: Any) -> tuple[Any, int] | bytes:
     return stored, size
 
 
+def _check_format(meta: dict[str, Any]) -> None:
+    if meta.get("format", 0) > FORMAT:
+        raise SchemaTooNew(f"this session was written in layout {meta['format']}; this "
+                           f"agentstate reads up to {FORMAT}: upgrade agentstate")
+
+
 def _size(stored: Any) -> int:
     return len(_compact(stored).encode("utf-8"))
 
@@ -159,7 +167,8 @@ class AgentStateSession(SessionABC):
     Every call runs its SQLite work in a worker thread: the event loop never
     waits on a lock or an fsync. Any agentstate error may come out of a call:
     ``Busy`` when another writer held the file past ``busy_timeout``,
-    ``StorageError`` on a disk failure; a refused write changes nothing.
+    ``StorageError`` on a disk failure, ``SchemaTooNew`` for a session written
+    by a newer agentstate; a refused write changes nothing.
 
     :raises InvalidKey: the session id cannot name a scope (see :func:`scope_id`).
     :raises TypeError: unknown session settings, or both ``db`` and ``db_path``.
@@ -277,6 +286,7 @@ class AgentStateSession(SessionABC):
         meta, version = self._scope.get_versioned("meta")
         if meta is None:
             return []
+        _check_format(meta)
         last = meta["last"]
         if limit is None:
             stored = [x for n in range(last + 1) for x in self._scope.slice(_chunk(n))]
@@ -298,12 +308,13 @@ class AgentStateSession(SessionABC):
         with self.db.transaction():
             meta = self._scope.get("meta")
             if meta is not None:
+                _check_format(meta)
                 try:
                     self._scope.append(_chunk(meta["last"]), [_stored(i) for i in items])
                     return
                 except (TooLarge, InvalidValue):
                     pass  # the chunk is full, or an item needs bytes: the careful way
-            self._add_chunks(meta or {"last": -1, "spills": 0}, items)
+            self._add_chunks(meta or {"format": FORMAT, "last": -1, "spills": 0}, items)
 
     def _add_chunks(self, meta: dict[str, Any], items: list[Any]) -> None:
         """The items in new chunks of at most CHUNK_BYTES, with bytes where needed."""
@@ -368,6 +379,7 @@ class AgentStateSession(SessionABC):
             meta = self._scope.get("meta")
             if meta is None:
                 return None
+            _check_format(meta)
             popped = self._scope.pop(_chunk(meta["last"]))
             while not popped and meta["last"] > 0:  # an emptied last chunk: the one before
                 self._scope.delete(_chunk(meta["last"]))

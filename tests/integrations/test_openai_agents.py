@@ -163,6 +163,24 @@ def test_a_part_removed_by_hand_is_reported_as_damaged(db_path: str) -> None:
     asyncio.run(main())
 
 
+def test_a_newer_layout_is_refused_not_misread(db_path: str) -> None:
+    """A session whose meta says a layout newer than this agentstate's raises
+    SchemaTooNew from every call and is left as it is."""
+
+    async def main() -> None:
+        s = AgentStateSession("new", db_path=db_path)
+        await s.add_items([{"n": 0}])
+        scope = s.db.scope("session", scope_id("new"))
+        scope.put("meta", {**scope.get("meta"), "format": oa.FORMAT + 1})
+        for call in (s.get_items(), s.add_items([{"n": 1}]), s.pop_item()):
+            with pytest.raises(agentstate.SchemaTooNew):
+                await call
+        assert scope.slice("c.00000000") == [{"n": 0}]
+        s.close()
+
+    asyncio.run(main())
+
+
 def test_add_items_refuses_what_json_refuses_and_writes_nothing(db_path: str) -> None:
     """An item json.dumps cannot encode raises TypeError; none of the call's items is kept."""
 
