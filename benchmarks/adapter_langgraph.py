@@ -10,8 +10,10 @@ folder, each with its defaults (what a user gets by passing a path):
 - agentstate: ``AgentStateSaver(agentstate.open(path))`` and
   ``AgentStateStore(...)`` (WAL, synchronous=FULL); the async calls are the
   same objects' ``aput``, ``aget_tuple``, ``alist``;
-- LangGraph ``SqliteSaver(sqlite3.connect(path))``, ``AsyncSqliteSaver``
-  (aiosqlite) on the same file, ``SqliteStore`` (WAL, synchronous=FULL).
+- LangGraph ``SqliteSaver(sqlite3.connect(path))`` and ``AsyncSqliteSaver``
+  (aiosqlite) on the same file (WAL, synchronous=FULL), and
+  ``SqliteStore.from_conn_string(path)`` (SQLite's default rollback journal:
+  the store does not switch to WAL; synchronous=FULL).
 
 Checkpoints (``put``, ``get_tuple`` of the newest, ``list`` of the newest 10):
 one thread per system grows to each history length by ``put`` (untimed), each
@@ -191,9 +193,8 @@ def bench_growth(folder: str, lengths: list[int], repeats: int, rows: list, size
 
 def bench_store(folder: str, counts: list[int], repeats: int, rows: list) -> None:
     db = agentstate.open(os.path.join(folder, "store-agentstate.db"))
-    conn = sqlite3.connect(os.path.join(folder, "store-langgraph.db"), check_same_thread=False,
-                           isolation_level=None)
-    theirs = SqliteStore(conn)
+    theirs_cm = SqliteStore.from_conn_string(os.path.join(folder, "store-langgraph.db"))
+    theirs = theirs_cm.__enter__()
     theirs.setup()
     stores = {"agentstate": AgentStateStore(db), "langgraph": theirs}
     made = 0
@@ -218,7 +219,7 @@ def bench_store(folder: str, counts: list[int], repeats: int, rows: list) -> Non
         for op in dict.fromkeys(k[0] for k in samples):
             rows.append((op, f"{n:,} items", samples[(op, "agentstate")], samples[(op, "langgraph")]))
     db.close()
-    conn.close()
+    theirs_cm.__exit__(None, None, None)
 
 
 def machine() -> str:
@@ -275,7 +276,8 @@ def main() -> None:
         f"`python -m benchmarks.adapter_langgraph{' --quick' if args.quick else ''}`, "
         f"{datetime.date.today().isoformat()}, {repeats} rounds, {time.time() - started:.0f} s. "
         "Medians in microseconds; the last column is LangGraph / agentstate (above 1: "
-        "agentstate is faster). Both sides write with synchronous=FULL in WAL mode.",
+        "agentstate is faster). Every system writes with synchronous=FULL; all but "
+        "SqliteStore (SQLite's rollback journal, its default) in WAL mode.",
         "",
         f"Machine: {machine()}.",
         "",

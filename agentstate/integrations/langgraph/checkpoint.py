@@ -141,8 +141,8 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             # Serialize outside the write lock; the parent's record never changes,
             # unless it is deleted, which the transaction checks.
             parent = scope.get_versioned(parent_key) if parent_key else agentstate.Versioned(None, 0)
-            record, blobs = self._record(checkpoint, metadata, new_versions, ns, s, parent_id,
-                                         parent.value)
+            record, blobs = self._record(scope, checkpoint, metadata, new_versions, ns, s,
+                                         parent_id, parent.value)
             with self.db.transaction():
                 if parent_key and scope.get_versioned(parent_key).version != parent.version:
                     continue  # the parent was deleted meanwhile: serialize again without it
@@ -155,7 +155,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                             "content (another writer put it); it is not replaced", 1) from None
                     break  # the same checkpoint again: a retry
                 for base, data in blobs:
-                    _store_blob(scope, base, data)
+                    self._store_blob(scope, base, data)
                 run_id = record["metadata"].get("run_id")
                 # The indexes exist while a record of their namespace, thread and run does.
                 known = parent.value is not None
@@ -184,8 +184,9 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 self._index.put(f"r.{r}.{t}", {"run_id": str(run_id), "thread_id": thread_id})
 
     def _record(
-        self, checkpoint: Checkpoint, metadata: dict[str, Any], new_versions: ChannelVersions,
-        ns: str, s: str, parent_id: str | None, parent: dict[str, Any] | None,
+        self, scope: agentstate.Scope, checkpoint: Checkpoint, metadata: dict[str, Any],
+        new_versions: ChannelVersions, ns: str, s: str, parent_id: str | None,
+        parent: dict[str, Any] | None,
     ) -> tuple[dict[str, Any], list[tuple[str, memoryview]]]:
         """The JSON record of a checkpoint, and the (key, bytes) it needs stored."""
         versions = checkpoint.get("channel_versions", {})
@@ -200,7 +201,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                     and p_versions.get(ch) == versions[ch]:
                 channels[ch] = old  # unchanged: the parent's bytes
             elif ch in values:
-                channels[ch] = self._channel(values[ch], old, s, blobs)
+                channels[ch] = self._channel(scope, values[ch], old, s, blobs)
         head = {k: checkpoint[k] for k in _STANDARD if k in checkpoint}  # type: ignore[literal-required]
         other = {k: v for k, v in checkpoint.items() if k not in _STANDARD and k != "channel_values"}
         record: dict[str, Any] = {"format": RECORD_FORMAT, "id": checkpoint["id"], "ns": ns,
@@ -214,7 +215,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 record["other"] = {"type": t, **_blob(s, memoryview(data), blobs)}
         return record, blobs
 
-    def _channel(self, value: Any, old: dict[str, Any] | None, s: str,
+    def _channel(self, scope: agentstate.Scope, value: Any, old: dict[str, Any] | None, s: str,
                  blobs: list[tuple[str, memoryview]]) -> dict[str, Any]:
         """The entry of a changed channel; its new bytes go to ``blobs``."""
         t, data = self.serde.dumps_typed(value)
@@ -227,10 +228,47 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         start, kept = 0, []
         if old is not None and old.get("items") is not None and old["type"] == t \
                 and old["items"] <= n and old["size"] <= len(items) \
-                and _hash(items[:old["size"]]) == old["hash"]:
+                and self._same_bytes(scope, old["segs"], items):
             start, kept = old["size"], old["segs"]  # the parent's items are a prefix
         segs = _segments(s, kept, items, start, blobs)
-        return {"type": t, "segs": segs, "items": n, "size": len(items), "hash": _hash(items)}
+        return {"type": t, "segs": segs, "items": n, "size": len(items)}
+
+    def _same_bytes(self, scope: agentstate.Scope, segs: list[dict[str, Any]], data: memoryview) -> bool:
+        """Whether ``data`` starts with the bytes of ``segs``: compared with the
+        bytes when they are at hand (inline, or cached), else by their hash,
+        which names their key. Costs a comparison of memory, not a read."""
+        pos = 0
+        for seg in segs:
+            # bytes(...) first: comparing a memoryview is element by element, bytes is memcmp
+            if "key" not in seg:
+                stored = fetch(scope, seg)
+                if bytes(data[pos:pos + len(stored)]) != stored:
+                    return False
+                pos += len(stored)
+                continue
+            part = bytes(data[pos:pos + seg["size"]])
+            name = (scope.id, seg["key"])
+            cached = self._cache.get(name) if self._cache else None
+            if cached is not None:
+                if part != cached:
+                    return False
+            elif len(part) != seg["size"] or _hash(part) != seg["key"].rsplit(".", 1)[1]:
+                return False
+            elif self._cache:
+                self._cache.put(name, part)
+            pos += seg["size"]
+        return True
+
+    def _store_blob(self, scope: agentstate.Scope, base: str, data: memoryview) -> None:
+        """Write a blob's chunks unless they are there: a key named by its content
+        holds the same bytes, whoever wrote it (in a transaction, so all or none)."""
+        if self._cache:
+            self._cache.put((scope.id, base), bytes(data))
+        try:
+            scope.put_bytes(f"{base}.0", bytes(data[:CHUNK]), if_version=0)
+        except agentstate.VersionConflict:
+            return
+        write(scope, [(base, data)], start=1)
 
     # -- writes ----------------------------------------------------------------------
 
@@ -604,16 +642,6 @@ def _hash(data: memoryview | bytes) -> str:
 def _blob(s: str, data: memoryview, blobs: list[tuple[str, memoryview]]) -> dict[str, Any]:
     """A segment for ``data``: inline when small, else a key named by its content."""
     return segment(f"b.{s}.{_hash(data)}" if len(data) > INLINE else "", data, blobs)
-
-
-def _store_blob(scope: agentstate.Scope, base: str, data: memoryview) -> None:
-    """Write a blob's chunks unless they are there: a key named by its content
-    holds the same bytes, whoever wrote it (in a transaction, so all or none)."""
-    try:
-        scope.put_bytes(f"{base}.0", bytes(data[:CHUNK]), if_version=0)
-    except agentstate.VersionConflict:
-        return
-    write(scope, [(base, data)], start=1)
 
 
 def _array(type_: str, data: memoryview) -> tuple[int, int] | None:
