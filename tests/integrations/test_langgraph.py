@@ -207,6 +207,8 @@ def test_list_merges_namespaces_and_threads_newest_first(saver):
         saver.put(config(thread, ns), checkpoint(cid(n), {}, {}), {"step": n, "source": "loop"}, {})
     assert [t.metadata["step"] for t in saver.list(None)] == [4, 3, 2, 1, 0]
     assert [t.metadata["step"] for t in saver.list({"configurable": {"thread_id": "a"}})] == [4, 2, 0]
+    everywhere = {"configurable": {"thread_id": "b", "checkpoint_ns": None}}
+    assert [t.metadata["step"] for t in saver.list(everywhere)] == [3, 1]
     assert [t.metadata["step"] for t in saver.list(None, before=config("a", cid=cid(3)), limit=2)] \
         == [2, 1]
     assert [t.metadata["step"] for t in saver.list(None, filter={"step": 3})] == [3]

@@ -382,7 +382,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                     found = _group(scope, thread_id, key, keys(scope, key, first=8))
                     streams.append(iter([found] if found else []))
                 continue
-            if "checkpoint_ns" in conf:
+            if conf.get("checkpoint_ns") is not None:  # None or absent: every namespace
                 spaces = [token(conf["checkpoint_ns"], 40)]
             else:
                 spaces = [k[2:] for k in keys(scope, "n.")]
