@@ -319,7 +319,8 @@ class AgentStateSession(SessionABC):
     def _add_chunks(self, meta: dict[str, Any], items: list[Any]) -> None:
         """The items in new chunks of at most CHUNK_BYTES, with bytes where needed."""
         planned = [_plan(item) for item in items]  # TypeError before anything is written
-        meta["last"] += 1
+        if meta["last"] < 0 or self._scope.length(_chunk(meta["last"])) > 0:
+            meta["last"] += 1  # else the last chunk was emptied by pops: fill it again
         chunk: list[Any] = []
         size = 2  # of the chunk's JSON: "[]"
         for p in planned:

@@ -253,8 +253,24 @@ async def _model_run(path: str, sid: str, ops: list[tuple[str, Any]]) -> None:
         else:
             await s.clear_session()
             model.clear()
+        _check_layout(s)
     assert await s.get_items() == model
     s.close()
+
+
+def _check_layout(s: AgentStateSession) -> None:
+    """Chunks 0..last exist and only the last may be empty; every bytes part belongs
+    to an item still in a chunk; nothing else is in the scope."""
+    scope = s.db.scope("session", scope_id(s.session_id))
+    meta = scope.get("meta")
+    if meta is None:
+        assert scope.list() == []
+        return
+    chunks = [scope.slice(oa._chunk(n)) for n in range(meta["last"] + 1)]
+    assert all(chunks[:-1])
+    parts = {oa._part(x[1], k) for chunk in chunks for x in chunk
+             if isinstance(x, list) and x[0] == "x" for k in range(x[2])}
+    assert set(scope.list()) == {"meta", *map(oa._chunk, range(meta["last"] + 1)), *parts}
 
 
 # -- flat cost ----------------------------------------------------------------------
