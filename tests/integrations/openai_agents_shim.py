@@ -67,7 +67,12 @@ LEFT_OUT = {
 
 
 class SQLiteSession(AgentStateSession):
-    """AgentStateSession, under the name the openai-agents tests import."""
+    """AgentStateSession, under the name the openai-agents tests import.
+
+    Its closed-session error names the class, so here it reads "SQLiteSession
+    is closed", the text test_sqlite_session_closed_rejects_empty_add_items
+    matches (a user sees "AgentStateSession is closed"; both are RuntimeErrors).
+    """
 
 
 # What this run saw: test id -> outcome, and the ids left out.
