@@ -132,7 +132,8 @@ def _split(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _to_session(head: dict[str, Any], version: int, app_state: dict[str, Any],
-             user_state: dict[str, Any], events: list[Event]) -> Session:
+                user_state: dict[str, Any], events: list[Event]) -> Session:
+    """The ADK session: its own state with the app's and user's merged in (by prefix)."""
     state = dict(head["state"])
     state.update((State.APP_PREFIX + k, v) for k, v in app_state.items())
     state.update((State.USER_PREFIX + k, v) for k, v in user_state.items())
