@@ -152,6 +152,17 @@ CREATE TABLE setting (
     value ANY  NOT NULL
 ) STRICT;
 
+-- Tokens of the HTTP API (SPEC §12). Only a hash is kept: the token itself is
+-- shown once, when made. A principal (name) may hold several; revoking the
+-- name ends them all.
+CREATE TABLE token (
+    hash       TEXT    PRIMARY KEY,  -- sha256 of the token, hex
+    name       TEXT    NOT NULL,     -- the principal it acts as
+    admin      INTEGER NOT NULL CHECK (admin IN (0, 1)),
+    created_at TEXT    NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE INDEX token_by_name ON token (name);
+
 -- Views for people using the sqlite3 shell.
 
 -- Every live key with its scope, value and version (expired keys left out).

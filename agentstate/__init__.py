@@ -6,6 +6,7 @@ One SQLite file in WAL mode; many local processes share it safely.
 from ._batch import Batch
 from ._changes import Change
 from ._database import Database, open
+from ._remote import connect
 from ._runs import Record, RunStore, SavedState
 from ._sessions import Principal, SessionInfo, Sessions, Turn
 from ._scope import Appended, Scope, State, Versioned
@@ -74,5 +75,6 @@ __all__ = [
     "UsageError",
     "VersionConflict",
     "Versioned",
+    "connect",
     "open",
 ]

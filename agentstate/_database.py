@@ -13,7 +13,9 @@ from . import _changes, _sqlite
 from ._changes import SETTINGS, Change
 from ._connection import default_path, fs_path
 from ._batch import Batch
+from ._encoding import check_key
 from ._scope import Scope, State
+from ._sessions import Principal
 from .errors import InvalidValue, UsageError
 
 
@@ -144,6 +146,12 @@ class Database:
         self._ops.set_setting(name, value)
 
     @property
+    def tokens(self) -> Tokens:
+        """The HTTP API's tokens (SPEC §12): made, listed and revoked here."""
+        self._check_open()
+        return Tokens(self._ops)
+
+    @property
     def runs(self) -> Any:
         """The run store (history entries and snapshots), SPEC §3."""
         self._check_open()
@@ -250,3 +258,31 @@ def _open_server(url: str, durability: str, busy_timeout: float) -> Database:
             "a postgresql:// URL needs the postgres extra: pip install 'agentstate[postgres]' "
             f"({e})") from None
     return Database(_postgres.connect(url, options.durability, options.busy_timeout), options)
+
+
+class Tokens:
+    """``db.tokens``: bearer tokens for ``agentstate serve``; only their hashes are stored."""
+
+    def __init__(self, ops: Any) -> None:
+        self._ops = ops
+
+    def create(self, name: str, *, admin: bool = False) -> str:
+        """A new token acting as the principal ``name``; shown only now."""
+        p = Principal(name, admin)
+        return self._ops.token_create(p.name, p.admin)
+
+    def principal(self, token: str) -> Principal | None:
+        """The principal a token acts as; None for an unknown token."""
+        if type(token) is not str or not 20 <= len(token) <= 200:
+            return None
+        found = self._ops.token_principal(token)
+        return None if found is None else Principal(found[0], found[1])
+
+    def list(self) -> list[dict[str, Any]]:
+        """One entry per principal holding tokens: name, admin, tokens, created_at."""
+        return [{"name": n, "admin": bool(a), "tokens": k, "created_at": t}
+                for n, a, k, t in self._ops.token_list()]
+
+    def revoke(self, name: str) -> int:
+        """End every token of ``name``; how many there were."""
+        return self._ops.token_revoke(check_key(name, "principal name"))

@@ -41,7 +41,7 @@ def _v1_to_v2(c: apsw.Connection, schema: str) -> None:
     c.execute("ALTER TABLE run ADD COLUMN first_seq INTEGER NOT NULL DEFAULT 0 "
               "CHECK (first_seq >= 0 AND first_seq <= next_seq)")
     c.execute("DROP TRIGGER run_entry_contiguous; DROP VIEW state; DROP VIEW runs")
-    for name in ("kv_expiry", "run_entry_contiguous", "change", "setting",
+    for name in ("kv_expiry", "run_entry_contiguous", "change", "setting", "token", "token_by_name",
                  "state", "runs", "changes"):
         c.execute(schema_object(schema, name))
 

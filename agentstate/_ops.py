@@ -13,6 +13,9 @@ Rows cross the seam in the repositories' shapes (JSON as text, encoded once).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +28,11 @@ from .errors import Forbidden, InvalidTransition, NotFound, UsageError
 Row = tuple[Any, ...]
 
 
+def token_digest(token: str) -> str:
+    """What is stored of a token: tokens are 256 random bits, so a plain sha256 suffices."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class LocalOps:
     """Operations on a database this process holds (a file, or a server's tables)."""
 
@@ -34,6 +42,7 @@ class LocalOps:
         self.store = store
         self.kv, self.runs, self.sessions = repos.kv, repos.runs, repos.sessions
         self.feed, self.admin = repos.feed, repos.admin
+        self.tokens = getattr(repos, "tokens", None)
         self.clock: Callable[[], float] = repos.clock  # the store's clock, for cutoffs
 
     # -- the database ---------------------------------------------------------
@@ -72,7 +81,8 @@ class LocalOps:
 
     # -- keys -----------------------------------------------------------------
 
-    def kv_get(self, kind: str, sid: str, key: str) -> Row | None:
+    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
+        """(type, stored, version, joined list items); ``raw``: the caller wants bytes."""
         with self.store.read() as c:
             return self.kv.get(c, kind, sid, key)
 
@@ -294,6 +304,32 @@ class LocalOps:
     def set_setting(self, name: str, value: Any) -> None:
         with self.store.write() as c:
             self.feed.set_setting(c, name, value)
+
+    # -- API tokens (SPEC §12) -------------------------------------------------
+
+    def token_create(self, name: str, admin: bool) -> str:
+        """A new token for ``name``: returned once, only its hash is stored."""
+        token = secrets.token_urlsafe(32)
+        with self.store.write() as c:
+            self.tokens.create(c, token_digest(token), name, admin)
+        return token
+
+    def token_principal(self, token: str) -> tuple[str, bool] | None:
+        """(name, admin) of a valid token, or None."""
+        digest = token_digest(token)
+        with self.store.read() as c:
+            row = self.tokens.find(c, digest)
+        if row is None or not hmac.compare_digest(row[0], digest):
+            return None
+        return row[1], bool(row[2])
+
+    def token_list(self) -> list[tuple[Any, ...]]:
+        with self.store.read() as c:
+            return self.tokens.names(c)
+
+    def token_revoke(self, name: str) -> int:
+        with self.store.write() as c:
+            return self.tokens.revoke(c, name)
 
     # -- administration -------------------------------------------------------
 

@@ -126,14 +126,15 @@ class Scope:
             ttl: float | None = None) -> int:
         """Write ``value``; return the new version.
 
-        ``ttl``: seconds until the key expires; None: it does not expire.
+        ``ttl``: seconds until the key expires; None: it does not expire
+        (``"keep"``: the expiry it had, as ``update`` does).
 
         :raises VersionConflict: ``if_version`` is not the current version (0: absent).
         :raises InvalidKey, InvalidValue, TooLarge: refused before anything is written.
         """
         check_key(key)
         if_version = _check_version(if_version)
-        ttl = _ttl(ttl)
+        ttl = KEEP if ttl == KEEP else _ttl(ttl)
         type_, stored, size, items = _encode_value(value)
         return self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items, if_version, ttl)
 
@@ -267,7 +268,7 @@ class Scope:
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes; a JSON value as its UTF-8 JSON text; None when absent."""
         check_key(key)
-        row = self._ops.kv_get(self.kind, self.id, key)
+        row = self._ops.kv_get(self.kind, self.id, key, raw=True)
         if row is None:
             return None
         type_, value, _version, items = row

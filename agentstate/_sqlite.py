@@ -13,10 +13,11 @@ from . import _feed as feed
 from . import _kv as kv
 from . import _runs_repo as runs
 from . import _sessions_repo as sessions
+from . import _tokens as tokens
 from ._connection import Store
 from ._ops import LocalOps
 
-__all__ = ["admin", "clock", "connect", "feed", "kv", "runs", "sessions"]
+__all__ = ["admin", "clock", "connect", "feed", "kv", "runs", "sessions", "tokens"]
 
 clock = time.time  # the store's clock is this machine's
 

@@ -1,0 +1,439 @@
+"""The remote client: the same operations as ``LocalOps``, over the State API (SPEC §12).
+
+``agentstate.connect(url, token=...)`` gives a ``Database`` whose public objects
+are the local ones; only this transport differs. Values are validated and
+encoded once, by the public objects, and their JSON text is spliced into the
+request body as is. Errors come back as the same classes with the same fields.
+A write whose connection failed is a ``StorageError`` with ``outcome_unknown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from . import errors as E
+from ._encoding import decode
+
+Row = tuple[Any, ...]
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+LONG_POLL = 25.0  # seconds one long-poll request may wait
+
+_CLASSES: dict[str, type[E.AgentStateError]] = {
+    cls.code: cls for cls in (
+        E.InvalidKey, E.InvalidValue, E.TooLarge, E.VersionConflict, E.NotAList, E.HistoryGap,
+        E.RunExists, E.NotFound, E.SessionBusy, E.InvalidTransition, E.Forbidden, E.Busy,
+        E.Damaged, E.SchemaTooNew, E.Closed, E.StorageError, E.CursorExpired, E.Unauthorized,
+        E.UsageError)
+}
+
+
+def _error(status: int, body: Any, runs: bool) -> E.AgentStateError:
+    info = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(info, dict):
+        return E.StorageError(f"the server answered {status} without an agentstate error")
+    code, message = info.get("code"), str(info.get("message", ""))
+    cls = E.RunNotFound if code == "not_found" and runs else _CLASSES.get(code, E.AgentStateError)
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    for name in ("current_version", "turn_id", "size", "limit", "outcome_unknown"):
+        if name in info:
+            setattr(err, name, info[name])
+    return err
+
+
+def _q(*parts: str) -> str:
+    return "/".join(quote(p, safe="") for p in parts)
+
+
+def _text(v: Any) -> str | None:
+    return None if v is None else _dumps(v)
+
+
+def _ts(iso: str | None) -> float | None:
+    return None if iso is None else datetime.fromisoformat(iso).timestamp()
+
+
+def _turn_row(d: dict[str, Any]) -> Row:
+    return (d["id"], d["session_id"], d["n"], d["status"], _text(d["input"]), _text(d["request"]),
+            _text(d["decision"]), _text(d["result"]), d["error"], d["lease_until"],
+            d["created_at"], d["updated_at"], d["lease"])
+
+
+def _session_row(d: dict[str, Any]) -> Row:
+    return (d["id"], d["owner"], d["created_at"], _dumps(d["metadata"]))
+
+
+def _change_row(d: dict[str, Any]) -> Row:
+    return (d["seq"], d["at"], d["topic"], d["op"], d["kind"], d["scope_id"], d["key"],
+            d["version"], d["start"], d["count"])
+
+
+class RemoteOps:
+    """The backend operations of a store behind ``agentstate serve``."""
+
+    can_lock = False  # update() retries its compare-and-set until it wins
+
+    def __init__(self, url: str, token: str, timeout: float) -> None:
+        import httpx  # the server extra
+
+        self.url = url.rstrip("/")
+        self._token = token
+        self._timeout = timeout
+        self._http = httpx.Client(base_url=self.url, timeout=timeout,
+                                  headers={"authorization": f"Bearer {token}"})
+        self._closed = False
+
+    # -- the transport ----------------------------------------------------------------
+
+    def _call(self, method: str, path: str, *, body: str | bytes | None = None,
+              params: dict[str, Any] | None = None, who: str | None = None,
+              runs: bool = False, bytes_body: bool = False, raw: bool = False,
+              timeout: float | None = None) -> Any:
+        import httpx
+
+        self.check_open()
+        headers = {}
+        if body is not None:
+            headers["content-type"] = "application/octet-stream" if bytes_body else "application/json"
+        if who is not None:
+            headers["x-agentstate-principal"] = who
+        if raw:
+            headers["accept"] = "application/octet-stream"
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            r = self._http.request(method, path, content=body.encode("utf-8", "surrogatepass")
+                                   if isinstance(body, str) else body, params=params,
+                                   headers=headers,
+                                   timeout=self._timeout if timeout is None else timeout)
+        except httpx.HTTPError as e:
+            err = E.StorageError(f"{method} {self.url}{path}: {type(e).__name__}: {e}")
+            if method != "GET":  # it may have reached the server, and been done
+                err.outcome_unknown = True
+            raise err from None
+        if r.status_code >= 400:
+            try:
+                data = r.json()
+            except ValueError:
+                data = None
+            raise _error(r.status_code, data, runs)
+        if raw:
+            return r.content
+        return decode(r.content) if r.content else None
+
+    # -- the database -------------------------------------------------------------------
+
+    @property
+    def target(self) -> str:
+        return self.url
+
+    @property
+    def durability(self) -> str:
+        return "server"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise E.Closed(f"the connection to {self.url} is closed")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._http.close()
+
+    def transaction(self) -> Any:
+        raise E.UsageError("transaction() cannot span HTTP calls: use db.batch(), whose writes "
+                           "are applied all or none in one request")
+
+    def exclusive(self) -> Any:
+        return contextlib.nullcontext()
+
+    def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
+                    call: Callable[..., Any]) -> list[Any]:
+        from ._scope import Appended
+
+        body = []
+        for op, kind, sid, key, args, kwargs in ops:
+            item: dict[str, Any] = {"op": op, "scope": f"{kind}:{sid}", "key": key}
+            if op == "put":
+                item["value"] = args[0]
+            elif op == "append":
+                item["items"] = args[0]
+            item.update({k: v for k, v in kwargs.items() if v is not None})
+            body.append(item)
+        try:
+            text = _dumps({"ops": body})
+        except (TypeError, ValueError) as e:
+            raise E.InvalidValue(f"a batch value is not JSON: {e}") from None
+        results = self._call("POST", "/v1/batch", body=text)["results"]
+        return [Appended(r["length"], r["version"]) if "length" in r
+                else r["deleted"] if "deleted" in r else r["version"] for r in results]
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def _key(self, kind: str, sid: str, key: str = "", tail: str = "") -> str:
+        path = f"/v1/scopes/{_q(kind, sid)}/keys"
+        return path + (f"/{_q(key)}" if key else "") + tail
+
+    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
+        try:
+            if raw:
+                return ("bytes", self._call("GET", self._key(kind, sid, key), raw=True), 0, None)
+            d = self._call("GET", self._key(kind, sid, key))
+        except E.NotFound:
+            return None
+        return ("json", _dumps(d["value"]), d["version"], None)
+
+    def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
+               items: list[str] | None, if_version: int | None, ttl: Any) -> int:
+        if type_ == "bytes":
+            return self._call("PUT", self._key(kind, sid, key), body=stored, bytes_body=True,
+                              params={"if_version": if_version, "ttl": ttl})["version"]
+        text = stored if items is None else "[" + ",".join(items) + "]"
+        extra = {"if_version": if_version}
+        extra.update({"keep_ttl": True} if ttl == "keep" else {"ttl": ttl})
+        body = '{"value":' + text + "".join(f',"{k}":{_dumps(v)}' for k, v in extra.items()
+                                            if v is not None) + "}"
+        return self._call("PUT", self._key(kind, sid, key), body=body)["version"]
+
+    def kv_delete(self, kind: str, sid: str, key: str, if_version: int | None) -> bool:
+        return self._call("DELETE", self._key(kind, sid, key),
+                          params={"if_version": if_version})["deleted"]
+
+    def kv_append(self, kind: str, sid: str, key: str, texts: list[str], size: int,
+                  ttl: Any) -> tuple[int, int]:
+        body = '{"items":[' + ",".join(texts) + "]" + (
+            f',"ttl":{_dumps(ttl)}' if ttl not in (None, "keep") else "") + "}"
+        d = self._call("POST", self._key(kind, sid, key, "/append"), body=body)
+        return d["length"], d["version"]
+
+    def kv_pop(self, kind: str, sid: str, key: str, n: int) -> list[str]:
+        d = self._call("POST", self._key(kind, sid, key, "/pop"), body=_dumps({"n": n}))
+        return [_dumps(i) for i in d["items"]]
+
+    def kv_touch(self, kind: str, sid: str, key: str, ttl: float | None) -> bool:
+        return self._call("POST", self._key(kind, sid, key, "/touch"),
+                          body=_dumps({"ttl": ttl}))["touched"]
+
+    def kv_expires_at(self, kind: str, sid: str, key: str) -> float | None:
+        return _ts(self._call("GET", self._key(kind, sid, key, "/expires_at"))["expires_at"])
+
+    def kv_slice(self, kind: str, sid: str, key: str, start: int, stop: int | None) -> list[str] | None:
+        d = self._call("GET", self._key(kind, sid, key, "/slice"),
+                       params={"start": start, "stop": stop})
+        return [_dumps(i) for i in d["items"]]
+
+    def kv_length(self, kind: str, sid: str, key: str) -> int | None:
+        return self._call("GET", self._key(kind, sid, key, "/length"))["length"]
+
+    def kv_keys(self, kind: str, sid: str, prefix: str, after: str | None,
+                limit: int | None) -> list[str]:
+        return self._call("GET", self._key(kind, sid), params={
+            "prefix": prefix or None, "after": after, "limit": limit})["keys"]
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,
+                  create: bool) -> None:
+        body = ('{"entries":[' + ",".join(t for _, t in rows) + '],"snapshot":'
+                + (snapshot or "null") + ',"create":' + ("true" if create else "false") + "}")
+        self._call("POST", f"/v1/runs/{_q(run_id)}/write", body=body, runs=not create)
+
+    def run_read(self, run_id: str) -> tuple[Row, list[tuple[int, str]]] | None:
+        try:
+            d = self._call("GET", f"/v1/runs/{_q(run_id)}", runs=True)
+        except E.NotFound:
+            return None
+        entries = d["entries"]
+        first = entries[0]["seq"] if entries else 0
+        head = (_text(d["snapshot"]), entries[-1]["seq"] + 1 if entries else 0, 1, first)
+        return head, [(e["seq"], _dumps(e)) for e in entries]
+
+    def run_head(self, run_id: str) -> Row | None:
+        got = self.run_read(run_id)
+        return None if got is None else got[0]
+
+    def run_entries(self, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
+        d = self._call("GET", f"/v1/runs/{_q(run_id)}/entries", params={"since": since, "limit": limit})
+        return [(e["seq"], _dumps(e)) for e in d["entries"]]
+
+    def run_tail(self, run_id: str, n: int) -> list[tuple[int, str]]:
+        d = self._call("GET", f"/v1/runs/{_q(run_id)}/tail", params={"n": n})
+        return [(e["seq"], _dumps(e)) for e in d["entries"]]
+
+    def run_delete(self, run_id: str) -> bool:
+        return self._call("DELETE", f"/v1/runs/{_q(run_id)}")["deleted"]
+
+    def run_list(self) -> list[Row]:
+        return [(r["id"], r["created_at"], r["updated_at"], _dumps(r["task"]), _dumps(r["turn"]),
+                 _dumps(r["stopped_by"]), _dumps(r["finished"]))
+                for r in self._call("GET", "/v1/runs")["runs"]]
+
+    def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
+        self._call("POST", f"/v1/runs/{_q(run_id)}/fork", body=_dumps({"new_id": new_id, "upto": upto}),
+                   runs=True)
+
+    def run_trim(self, run_id: str, before: int) -> int:
+        return self._call("POST", f"/v1/runs/{_q(run_id)}/trim", body=_dumps({"before": before}),
+                          runs=True)["removed"]
+
+    def run_prune(self, older_than: float, finished_only: bool) -> list[str]:
+        return self._call("POST", "/v1/runs/prune", body=_dumps(
+            {"older_than": older_than, "finished_only": finished_only}))["runs"]
+
+    # -- sessions and turns ----------------------------------------------------------------------
+
+    def session_create(self, owner: str, metadata: str) -> Row:
+        return _session_row(self._call("POST", "/v1/sessions", body='{"metadata":' + metadata + "}",
+                                       who=owner))
+
+    def session_get(self, session_id: str, name: str, admin: bool) -> Row:
+        return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}", who=name))
+
+    def session_list(self, name: str, admin: bool) -> list[Row]:
+        return [_session_row(d) for d in self._call("GET", "/v1/sessions", who=name)["sessions"]]
+
+    def session_delete(self, session_id: str, name: str, admin: bool) -> None:
+        self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=name)
+
+    def session_prune(self, name: str, admin: bool, idle_for: float) -> list[str]:
+        return self._call("POST", "/v1/sessions/prune", body=_dumps({"idle_for": idle_for}),
+                          who=name)["sessions"]
+
+    def session_release(self, session_id: str, name: str, admin: bool) -> Row:
+        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/release", who=name))
+
+    def turn_start(self, session_id: str, name: str, admin: bool, status: str,
+                   input_: str | None, lease: float) -> Row:
+        body = ('{"input":' + (input_ or "null") + f',"lease":{_dumps(lease)},"queued":'
+                + ("true" if status == "queued" else "false") + "}")
+        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/turns", body=body,
+                                    who=name))
+
+    def turn_get(self, turn_id: str, name: str, admin: bool) -> Row:
+        return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=name))
+
+    def turn_list(self, session_id: str, name: str, admin: bool) -> list[Row]:
+        return [_turn_row(d) for d in
+                self._call("GET", f"/v1/sessions/{_q(session_id)}/turns", who=name)["turns"]]
+
+    def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
+                  to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:
+        field = {"hold": "request", "finish": "result", "decide": "decision"}.get(what)
+        if field is not None:
+            body = '{"' + field + '":' + (sets.get(field) or "null") + "}"
+        elif what == "fail":
+            body = _dumps({"error": sets["error"]})
+        else:  # start, heartbeat, resume
+            body = _dumps({"lease": lease})
+        return _turn_row(self._call("POST", f"/v1/turns/{_q(turn_id)}/{what}", body=body, who=name))
+
+    # -- the change feed and settings ---------------------------------------------------------------
+
+    def feed_scan(self, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[Row], int]:
+        d = self._call("GET", "/v1/changes", params={"since": since, "limit": limit, **flt})
+        rows = [_change_row(c) for c in d["changes"]]
+        return rows, d["last"]
+
+    def feed_head(self) -> int:
+        return self._call("GET", "/v1/changes/head")["head"]
+
+    def watch(self, since: int, timeout: float | None, limit: int,
+              flt: dict[str, Any]) -> list[Row]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = LONG_POLL if deadline is None else max(0.0, min(LONG_POLL, deadline - time.monotonic()))
+            d = self._call("GET", "/v1/changes", timeout=wait + self._timeout,
+                           params={"since": since, "limit": limit, "wait": wait, **flt})
+            if d["changes"] or (deadline is not None and time.monotonic() >= deadline):
+                return [_change_row(c) for c in d["changes"]]
+
+    async def awatch(self, since: int, limit: int, flt: dict[str, Any]) -> AsyncIterator[Row]:
+        import httpx
+
+        self.check_open()
+        # A client of this event loop's own: nothing loop-bound outlives the iteration.
+        async with httpx.AsyncClient(base_url=self.url, timeout=LONG_POLL + self._timeout,
+                                     headers={"authorization": f"Bearer {self._token}"}) as http:
+            cursor = since
+            while True:
+                try:
+                    r = await http.get("/v1/changes", params={
+                        "since": cursor, "limit": limit, "wait": LONG_POLL, **flt})
+                except httpx.HTTPError as e:
+                    raise E.StorageError(f"GET {self.url}/v1/changes: {type(e).__name__}: {e}") from None
+                if r.status_code >= 400:
+                    raise _error(r.status_code, r.json(), False)
+                for c in r.json()["changes"]:
+                    yield _change_row(c)
+                    cursor = c["seq"]
+                await asyncio.sleep(0)
+
+    def settings(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/settings")
+
+    def set_setting(self, name: str, value: Any) -> None:
+        self._call("PUT", f"/v1/settings/{_q(name)}", body=_dumps({"value": value}))
+
+    # -- what only the server's own command does ----------------------------------------------------
+
+    def _local_only(self, what: str) -> Any:
+        raise E.UsageError(f"{what} runs where the store is: `agentstate {what}` on the server's "
+                           "machine")
+
+    def check(self) -> list[str]:
+        return self._local_only("check")
+
+    def info(self) -> dict[str, Any]:
+        return self._local_only("info")
+
+    def backup(self, dest: Any, progress: Any) -> str:
+        return self._local_only("backup")
+
+    def vacuum(self) -> dict[str, int]:
+        return self._local_only("vacuum")
+
+    def token_create(self, name: str, admin: bool) -> str:
+        return self._local_only("tokens create")
+
+    def token_principal(self, token: str) -> Any:
+        return self._local_only("tokens")
+
+    def token_list(self) -> list[Row]:
+        return self._local_only("tokens list")
+
+    def token_revoke(self, name: str) -> int:
+        return self._local_only("tokens revoke")
+
+
+def connect(url: str, token: str | None = None, *, timeout: float = 30.0) -> Any:
+    """A ``Database`` served by ``agentstate serve`` at ``url`` (``http://host:8765``).
+
+    ``token`` defaults to ``$AGENTSTATE_TOKEN``. The same objects and methods
+    as a local Database, raising the same errors; ``transaction()`` cannot
+    span HTTP calls (use ``batch()``). Needs the ``server`` extra (httpx).
+    """
+    import os
+
+    from ._database import Database
+
+    token = token if token is not None else os.environ.get("AGENTSTATE_TOKEN")
+    if not token:
+        raise E.Unauthorized("connect() needs a token (or $AGENTSTATE_TOKEN): "
+                             "agentstate tokens create NAME")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise E.InvalidValue(f"connect() takes an http:// or https:// URL, got {url!r}")
+    try:
+        ops = RemoteOps(url, token, timeout)
+    except ImportError as e:
+        raise E.UsageError(f"connect() needs the server extra: pip install 'agentstate[server]' ({e})") from None
+    return Database(ops)

@@ -1,0 +1,103 @@
+"""Request bodies of the State API: strict envelopes; values are checked by the store."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ._http import Body
+
+Seconds = float  # strict: an int or a float, never a bool or a string
+
+
+class PutBody(Body):
+    value: Any
+    if_version: int | None = None
+    ttl: float | int | None = None
+    keep_ttl: bool = False  # with if_version: keep the key's expiry (a remote update())
+
+
+class AppendBody(Body):
+    items: list[Any]
+    ttl: float | int | None = None
+
+
+class PopBody(Body):
+    n: int = 1
+
+
+class TouchBody(Body):
+    ttl: float | int | None = None
+
+
+class BatchOp(Body):
+    op: Literal["put", "delete", "append"]
+    scope: str
+    key: str
+    value: Any = None
+    items: list[Any] = Field(default_factory=list)
+    if_version: int | None = None
+    ttl: float | int | None = None
+
+
+class BatchBody(Body):
+    ops: list[BatchOp]
+
+
+class WriteBody(Body):
+    entries: list[Any] = Field(default_factory=list)
+    snapshot: Any = None
+    create: bool = False
+
+
+class ForkBody(Body):
+    new_id: str
+    upto: int | None = None
+
+
+class TrimBody(Body):
+    before: int
+
+
+class PruneRunsBody(Body):
+    older_than: float | int
+    finished_only: bool = True
+
+
+class PruneSessionsBody(Body):
+    idle_for: float | int
+
+
+class SessionBody(Body):
+    metadata: dict[str, Any] | None = None
+
+
+class TurnBody(Body):
+    input: Any = None
+    lease: float | int = 60.0
+    queued: bool = False
+
+
+class LeaseBody(Body):
+    lease: float | int | None = None
+
+
+class HoldBody(Body):
+    request: Any = None
+
+
+class DecideBody(Body):
+    decision: Any = None
+
+
+class FinishBody(Body):
+    result: Any = None
+
+
+class FailBody(Body):
+    error: str
+
+
+class SettingBody(Body):
+    value: Any

@@ -1,0 +1,170 @@
+"""The OpenAPI 3.1 document of the State API, made from the one route table (app.ROUTES).
+
+Request bodies come from the pydantic models the server parses with; answers
+from SCHEMAS below. tests/test_server_openapi.py fuzzes the app against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import agentstate
+
+from . import _models
+
+KEY = {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,200}$"}
+KIND = {"type": "string", "enum": ["thread", "session", "agent", "user", "app"]}
+NULLABLE_STR = {"type": ["string", "null"]}
+INT = {"type": "integer"}
+JSON_VALUE: dict[str, Any] = {}  # any JSON value
+
+
+def _obj(required: list[str] | None = None, **props: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": required or list(props)}
+
+
+CHANGE = _obj(seq=INT, at={"type": "string"}, topic={"type": "string", "enum": ["kv", "run", "session"]},
+              op={"type": "string"}, kind=NULLABLE_STR, scope_id=NULLABLE_STR, key=NULLABLE_STR,
+              version={"type": ["integer", "null"]}, start={"type": ["integer", "null"]},
+              count={"type": ["integer", "null"]})
+TURN = _obj(id={"type": "string"}, session_id={"type": "string"}, n=INT, status={"type": "string"},
+            input=JSON_VALUE, request=JSON_VALUE, decision=JSON_VALUE, result=JSON_VALUE,
+            error=NULLABLE_STR, lease={"type": ["number", "null"]},
+            lease_until={"type": ["number", "null"]}, created_at={"type": "string"},
+            updated_at={"type": "string"})
+SESSION = _obj(id={"type": "string"}, owner={"type": "string"}, created_at={"type": "string"},
+               metadata={"type": "object"})
+SUMMARY = _obj(id={"type": "string"}, task={"type": "string"}, turn=INT, stopped_by=NULLABLE_STR,
+               finished={"type": "boolean"}, created_at={"type": "string"},
+               updated_at={"type": "string"})
+ERROR = _obj(error=_obj(["code", "message"], code={"type": "string"}, message={"type": "string"},
+                        current_version=INT, turn_id={"type": "string"}, size=INT, limit=INT,
+                        outcome_unknown={"type": "boolean"}))
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "object": {"type": "object"},
+    "Versioned": _obj(key={"type": "string"}, value=JSON_VALUE, version=INT),
+    "Version": _obj(version=INT),
+    "Deleted": _obj(deleted={"type": "boolean"}),
+    "Appended": _obj(length=INT, version=INT),
+    "Items": _obj(items={"type": "array"}),
+    "Touched": _obj(touched={"type": "boolean"}, expires_at=NULLABLE_STR),
+    "ExpiresAt": _obj(expires_at=NULLABLE_STR),
+    "Length": _obj(length=INT),
+    "Keys": _obj(keys={"type": "array", "items": {"type": "string"}}, next=NULLABLE_STR),
+    "BatchResults": _obj(results={"type": "array", "items": {"type": "object"}}),
+    "Runs": _obj(runs={"type": "array", "items": SUMMARY}),
+    "RunIds": _obj(runs={"type": "array", "items": {"type": "string"}}),
+    "Run": _obj(id={"type": "string"}, snapshot={"type": ["object", "null"]},
+                entries={"type": "array", "items": {"type": "object"}}),
+    "Written": _obj(written={"type": "boolean"}),
+    "Entries": _obj(entries={"type": "array", "items": {"type": "object"}}),
+    "Record": _obj(entries={"type": "array", "items": {"type": "object"}},
+                   snapshot={"type": ["object", "null"]}),
+    "Id": _obj(id={"type": "string"}),
+    "Removed": _obj(removed=INT),
+    "Session": SESSION,
+    "Sessions": _obj(sessions={"type": "array", "items": SESSION}),
+    "SessionIds": _obj(sessions={"type": "array", "items": {"type": "string"}}),
+    "Turn": TURN,
+    "Turns": _obj(turns={"type": "array", "items": TURN}),
+    "Changes": _obj(changes={"type": "array", "items": CHANGE}, last=INT),
+    "Settings": {"type": "object", "properties": {"feed_retention": INT}},
+    "Health": _obj(ok={"type": "boolean"}, version={"type": "string"}),
+    "Head": _obj(head=INT),
+}
+
+QUERY: dict[str, dict[str, Any]] = {
+    "if_version": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "ttl": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e11},
+    "start": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+    "stop": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+    "since": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 10_000},
+    "wait": {"type": "number", "minimum": 0, "maximum": 5},  # the server takes up to 300 s
+    "n": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "prefix": {"type": "string"},
+    "after": {"type": "string"},
+    "topic": {"type": "string", "enum": ["kv", "run", "session"]},
+    "kind": KIND,
+    "scope_id": KEY,
+    "key": KEY,
+}
+PATH: dict[str, dict[str, Any]] = {
+    "kind": KIND, "id": KEY, "key": KEY, "run_id": KEY, "session_id": KEY, "turn_id": KEY,
+    "name": {"type": "string", "enum": ["feed_retention"]},
+    "action": {"type": "string",
+               "enum": ["start", "heartbeat", "hold", "decide", "resume", "finish", "fail"]},
+}
+ACTION_BODIES = (_models.LeaseBody, _models.HoldBody, _models.DecideBody, _models.FinishBody,
+                 _models.FailBody)
+
+
+def _body_schema(model: Any) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("title", None)
+    schema.setdefault("additionalProperties", False)
+    return schema
+
+
+def _answer(route: Any) -> dict[str, Any]:
+    if route.answer == "stream":
+        return {"text/event-stream": {"schema": {"type": "string"}}}
+    content = {"application/json": {"schema": SCHEMAS[route.answer]}}
+    if route.extra.get("bytes_answer"):
+        content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+    return content
+
+
+def _operation(route: Any) -> dict[str, Any]:
+    params = [{"name": n, "in": "path", "required": True, "schema": PATH[n]}
+              for n in _path_names(route.path)]
+    params += [{"name": n, "in": "query", "required": False, "schema": QUERY[n]} for n in route.query]
+    if route.auth:
+        params.append({"name": "X-Agentstate-Principal", "in": "header", "required": False,
+                       "schema": KEY, "description": "admins only: act for this principal"})
+    op: dict[str, Any] = {
+        "summary": route.summary,
+        "operationId": f"{route.method.lower()}_{route.handler.__name__}_{len(route.path)}",
+        "parameters": params,
+        "responses": {str(route.ok): {"description": "done", "content": _answer(route)}},
+    }
+    statuses = set(route.errors) | ({401, 503} if route.auth else set())
+    if params and any(p["in"] == "path" for p in params):
+        statuses.add(404)
+    for status in sorted(statuses):
+        op["responses"][str(status)] = {
+            "description": {400: "invalid input", 401: "no or unknown token", 403: "forbidden",
+                            404: "not found", 409: "conflict", 410: "cursor expired",
+                            413: "too large", 500: "damaged", 503: "busy"}[status],
+            "content": {"application/json": {"schema": ERROR}}}
+    if route.body == "action":
+        op["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"anyOf": [_body_schema(m) for m in ACTION_BODIES]}}}}
+    elif route.body is not None:
+        content = {"application/json": {"schema": _body_schema(route.body)}}
+        if route.extra.get("bytes_body"):
+            content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary",
+                                                              "maxLength": 1024}}
+        op["requestBody"] = {"required": True, "content": content}
+    if route.auth:
+        op["security"] = [{"bearer": []}]
+    return op
+
+
+def _path_names(path: str) -> list[str]:
+    return [part[1:-1] for part in path.split("/") if part.startswith("{")]
+
+
+def document(routes: list[Any]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for r in routes:
+        paths.setdefault(r.path, {})[r.method.lower()] = _operation(r)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "agentstate State API", "version": agentstate.__version__,
+                 "description": "Scoped state, runs, sessions and the change feed of one "
+                                "agentstate store (SPEC §12)."},
+        "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
