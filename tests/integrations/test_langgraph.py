@@ -227,6 +227,15 @@ def test_a_checkpoint_id_with_other_content_is_refused(saver):
     assert len(list(saver.list(config("t")))) == 1
 
 
+def test_a_record_of_a_newer_format_is_refused(saver):
+    stored = saver.put(config("f"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0}, {"v": 1})
+    scope, key = saver._scope("f"), _names("", cid(1))[1]
+    record = scope.get(key)
+    scope.put(key, {**record, "format": 2})
+    with pytest.raises(agentstate.SchemaTooNew):
+        saver.get_tuple(stored)
+
+
 def test_prune_and_delete_for_runs_keep_the_bytes_survivors_use(db, saver):
     """The unchanged 5 KB channel was written by the first checkpoint only; the
     newest still reads it after everything older is pruned or its run deleted."""

@@ -394,7 +394,15 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
 
     def _tuple(self, scope: agentstate.Scope, thread_id: Any, record: dict[str, Any],
                write_keys: list[str]) -> CheckpointTuple:
-        """A record as LangGraph's tuple. :raises Missing: its bytes were deleted meanwhile."""
+        """A record as LangGraph's tuple.
+
+        :raises Missing: its bytes were deleted meanwhile.
+        :raises SchemaTooNew: the record was written by a newer agentstate.
+        """
+        if record.get("format", 1) > RECORD_FORMAT:
+            raise agentstate.SchemaTooNew(
+                f"checkpoint {record.get('id')!r} has record format {record['format']}; "
+                f"this agentstate reads {RECORD_FORMAT}: upgrade agentstate")
         ns, cid = record["ns"], record["id"]
         checkpoint: dict[str, Any] = dict(record["checkpoint"])
         if "other" in record:
