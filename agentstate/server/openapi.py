@@ -129,7 +129,7 @@ def _operation(route: Any) -> dict[str, Any]:
         "parameters": params,
         "responses": {str(route.ok): {"description": "done", "content": _answer(route)}},
     }
-    statuses = set(route.errors) | ({401, 503} if route.auth else set())
+    statuses = set(route.errors) | ({400, 401, 403, 503} if route.auth else set())  # the principal header
     if params and any(p["in"] == "path" for p in params):
         statuses.add(404)
     for status in sorted(statuses):
