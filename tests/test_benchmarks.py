@@ -76,3 +76,13 @@ def test_feed_benchmark_quick_run(tmp_path: Path) -> None:
         assert section in md
     assert re.search(r"\| `db\.watch` \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|", md)
     assert re.search(r"\| `db\.awatch` \| [0-9.]+% \|", md)
+
+
+def test_server_benchmark_quick_run(tmp_path: Path) -> None:
+    """``python -m benchmarks.server --quick``: the API beside a bare endpoint (no target asserted)."""
+    p = subprocess.run([sys.executable, "-m", "benchmarks.server", "--quick", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    md = (tmp_path / "SERVER.md").read_text(encoding="utf-8")
+    for workload in ("get", "put", "append", "turn"):
+        assert re.search(rf"\| {workload} \| 16 \| [0-9,]+ \| [0-9,]+ \| [0-9.]+× \|", md), workload
