@@ -8,6 +8,14 @@ transaction that upgrades later can fail with SQLITE_BUSY regardless of the
 timeout), ROLLBACK on any exception, COMMIT only on success, and SAVEPOINTs
 when nested inside ``db.transaction()``. Driver errors are translated here,
 where they enter the library.
+
+Group commit (:meth:`Store.call_write`): a write that is not inside
+``db.transaction()`` is queued; the first thread to find no commit under way
+becomes the leader and runs every queued write in one transaction, each in its
+own SAVEPOINT (a refused write rolls back alone), with one COMMIT — one fsync
+at durability full — for them all. Writes that arrive meanwhile queue up for
+the next group, led by the first of them. A caller returns only after the
+COMMIT that covers its write.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import re
 import threading
 import time
 import weakref
+from _thread import allocate_lock as _lock  # a bare lock: a cheaper wake-up than an Event
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -166,6 +175,11 @@ class Store:
         self._writes = 0
         self._txn: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
             "agentstate_txn", default=None)
+        # Group commit: writes waiting for a leader, and whether one is leading.
+        self._glock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self._leading = False
+        self.group_commit = True  # False: one transaction per write (for comparison)
         if self.path in _tainted:
             raise StorageError(
                 f"{self.path} was in use by another thread when this process was forked: "
@@ -324,6 +338,8 @@ class Store:
             return
         conns, self._conns = self._conns, []
         self._lock = threading.Lock()  # the parent's may be held by a thread not copied
+        self._glock = threading.Lock()
+        self._queue, self._leading = [], False  # the parent's waiting threads are not copied
         self._local = threading.local()
         self._pid = pid
         for c in conns:
@@ -374,6 +390,117 @@ class Store:
         """One write transaction (BEGIN IMMEDIATE), or a savepoint inside one."""
         return _Write(self)
 
+    def call_write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(connection, *args)`` in a write transaction; returns its result once
+        committed. Outside ``db.transaction()`` the write joins a group commit
+        with other threads' (see the module docstring); inside, it is a savepoint
+        of that transaction as with :meth:`write`.
+
+        :raises: what ``fn`` raises (its write alone is rolled back); Busy,
+            Closed, StorageError (the group's transaction failed: nothing of it
+            is committed, or ``outcome_unknown`` if its COMMIT failed on I/O).
+        """
+        c = self.conn()
+        if self._local.depth or c.in_transaction or not self.group_commit:
+            # in transaction() a savepoint (in a snapshot: refused there, as always)
+            with _Write(self) as c:
+                return fn(c, *args)
+        self.check_owner()  # inside another thread's transaction(): refused, as with write()
+        item = _Pending(fn, args)
+        with self._glock:
+            self._queue.append(item)
+            if self._leading:
+                item.wake = _lock()
+                item.wake.acquire()  # released by the leader: done, or promoted
+            else:
+                self._leading = item.lead = True
+        if not item.lead:
+            try:
+                item.wake.acquire()  # type: ignore[union-attr]
+            except BaseException:  # interrupted: leave the queue (a taken write may still commit)
+                with self._glock:
+                    if item in self._queue:
+                        self._queue.remove(item)
+                        if item.lead:
+                            self._hand_off()
+                raise
+        if not item.done:  # promoted: lead the group this write is in
+            self._lead(c, item)
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _hand_off(self) -> None:
+        """With _glock held: wake the first waiting write to lead the next group."""
+        if self._queue:
+            nxt = self._queue[0]
+            nxt.lead = True
+            nxt.wake.release()  # type: ignore[union-attr]
+        else:
+            self._leading = False
+
+    def _lead(self, c: apsw.Connection, mine: _Pending) -> None:
+        with self._glock:
+            group, self._queue = self._queue, []
+        try:
+            self._commit_group(c, group)
+        finally:
+            with self._glock:
+                for item in group:
+                    item.done = True
+                self._hand_off()
+            for item in group:
+                if item is not mine:  # the others all wait on their wake lock
+                    item.wake.release()  # type: ignore[union-attr]
+            if self._closed:
+                self.drop_local()
+
+    def _commit_group(self, c: apsw.Connection, group: list[_Pending]) -> None:
+        """One transaction for the group; each write's outcome on its item."""
+        local = self._local
+        try:
+            c.execute("BEGIN IMMEDIATE")
+        except BaseException as e:
+            _fail(group, e)
+            return
+        local.depth, local.owner = 1, self._txn.get()  # a nested write() becomes a savepoint
+        try:
+            if len(group) == 1:  # alone: no savepoint, as a plain write()
+                item = group[0]
+                item.result = item.fn(c, *item.args)
+            else:
+                for item in group:
+                    c.execute("SAVEPOINT g")
+                    try:
+                        item.result = item.fn(c, *item.args)
+                    except BaseException as e:
+                        item.error = translate(e) if isinstance(e, apsw.Error) else e
+                        c.execute("ROLLBACK TO g")  # fails if SQLite rolled back it all: below
+                    c.execute("RELEASE g")
+            ok = sum(item.error is None for item in group)
+            before, self._writes = self._writes, self._writes + ok
+            if (self.housekeeping is not None
+                    and before // HOUSEKEEP_EVERY != self._writes // HOUSEKEEP_EVERY):
+                self.housekeeping(c)
+        except BaseException as e:
+            local.depth = 0
+            try:
+                c.execute("ROLLBACK")
+            except apsw.Error:
+                pass  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
+            _fail([item for item in group if item.error is None], e)
+            return
+        local.depth = 0
+        try:
+            c.execute("COMMIT")
+        except BaseException as e:
+            try:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+            except apsw.Error:
+                pass
+            _fail([item for item in group if item.error is None], e, commit=True)
+
     def read(self) -> _Read:
         """A connection for reading; each statement sees one consistent snapshot."""
         return _Read(self)
@@ -408,6 +535,31 @@ class Store:
     def query(self, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
         with self.read() as c:
             return c.execute(sql, args).fetchall()
+
+
+class _Pending:
+    """One write waiting in a group commit: its function and, once done, its outcome."""
+
+    __slots__ = ("fn", "args", "result", "error", "done", "lead", "wake")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = self.lead = False
+        self.wake: Any = None  # a follower's lock, held until it is done or promoted
+
+
+def _fail(items: list[_Pending], e: BaseException, commit: bool = False) -> None:
+    """The group's transaction failed: each write gets its own error (one instance per
+    thread that raises it); a failed COMMIT on I/O may still have reached the disk."""
+    for item in items:
+        if not isinstance(e, apsw.Error):
+            item.error = e
+            continue
+        err = item.error = translate(e)
+        if commit and isinstance(e, (apsw.IOError, apsw.FullError)):
+            err.outcome_unknown = True  # type: ignore[attr-defined]
 
 
 class _Write:

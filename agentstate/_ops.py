@@ -44,6 +44,13 @@ class LocalOps:
         self.feed, self.admin = repos.feed, repos.admin
         self.tokens = getattr(repos, "tokens", None)
         self.clock: Callable[[], float] = repos.clock  # the store's clock, for cutoffs
+        # fn(connection, *args) in one write transaction: grouped with other
+        # threads' writes where the store commits in groups (SQLite's Store).
+        self._write: Callable[..., Any] = getattr(store, "call_write", None) or self._one_write
+
+    def _one_write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.store.write() as c:
+            return fn(c, *args)
 
     # -- the database ---------------------------------------------------------
 
@@ -88,25 +95,20 @@ class LocalOps:
 
     def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
                items: list[str] | None, if_version: int | None, ttl: Any) -> int:
-        with self.store.write() as c:
-            return self.kv.put(c, kind, sid, key, type_, stored, size, items, if_version, ttl)
+        return self._write(self.kv.put, kind, sid, key, type_, stored, size, items, if_version, ttl)
 
     def kv_delete(self, kind: str, sid: str, key: str, if_version: int | None) -> bool:
-        with self.store.write() as c:
-            return self.kv.delete(c, kind, sid, key, if_version)
+        return self._write(self.kv.delete, kind, sid, key, if_version)
 
     def kv_append(self, kind: str, sid: str, key: str, texts: list[str], size: int,
                   ttl: Any) -> tuple[int, int]:
-        with self.store.write() as c:
-            return self.kv.append(c, kind, sid, key, texts, size, ttl)
+        return self._write(self.kv.append, kind, sid, key, texts, size, ttl)
 
     def kv_pop(self, kind: str, sid: str, key: str, n: int) -> list[str]:
-        with self.store.write() as c:
-            return self.kv.pop(c, kind, sid, key, n)[0]
+        return self._write(self.kv.pop, kind, sid, key, n)[0]
 
     def kv_touch(self, kind: str, sid: str, key: str, ttl: float | None) -> bool:
-        with self.store.write() as c:
-            return self.kv.touch(c, kind, sid, key, ttl) is not None
+        return self._write(self.kv.touch, kind, sid, key, ttl) is not None
 
     def kv_expires_at(self, kind: str, sid: str, key: str) -> float | None:
         with self.store.read() as c:
@@ -130,8 +132,7 @@ class LocalOps:
 
     def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,
                   create: bool) -> None:
-        with self.store.write() as c:
-            self.runs.write(c, run_id, rows, snapshot, create)
+        self._write(self.runs.write, run_id, rows, snapshot, create)
 
     def run_read(self, run_id: str) -> tuple[Row, list[tuple[int, str]]] | None:
         """(head, every entry row) from one snapshot, or None."""
@@ -154,8 +155,7 @@ class LocalOps:
             return self.runs.tail(c, run_id, n)
 
     def run_delete(self, run_id: str) -> bool:
-        with self.store.write() as c:
-            return self.runs.delete(c, run_id)
+        return self._write(self.runs.delete, run_id)
 
     def run_list(self) -> list[Row]:
         with self.store.read() as c:

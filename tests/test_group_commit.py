@@ -1,0 +1,255 @@
+"""Group commit: concurrent threads' writes share one transaction and one COMMIT.
+
+The grouping is forced, not hoped for: a first write holds the commit (its
+function waits) until the others have queued, so they all meet in the next
+group. Commits are counted with a commit hook on every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import agentstate
+
+from benchmarks import group_commit as bench
+
+
+def store_of(db: agentstate.Database):
+    return db._ops.store
+
+
+def count_commits(db: agentstate.Database) -> list[int]:
+    """A commit hook on every connection the store holds (open them first)."""
+    n = [0]
+
+    def hook() -> bool:
+        n[0] += 1
+        return False  # let it commit
+
+    for c in store_of(db)._conns:
+        c.set_commit_hook(hook)
+    return n
+
+
+def hold_commit(store) -> tuple[threading.Thread, threading.Event]:
+    """A write that holds its group open until released: what arrives meanwhile queues."""
+    release = threading.Event()
+
+    def held() -> None:
+        try:
+            store.call_write(lambda c: release.wait(30))
+        except agentstate.StorageError:
+            pass  # a test may veto this commit too
+
+    holder = threading.Thread(target=held)
+    holder.start()
+    deadline = time.monotonic() + 30
+    while not store._leading:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return holder, release
+
+
+def test_queued_writes_of_many_threads_commit_once_each_outcome_their_own(db):
+    """A conflicting CAS, a list append to a non-list and an append past 1 MiB fail alone;
+    the other writes of the same group commit; the whole group is one COMMIT."""
+    kv = db.scope("session", "g")
+    kv.put("v", 1)  # version 1
+    kv.put("scalar", "not a list")
+    kv.append("big", ["x" * 600_000])
+    store = store_of(db)
+    calls = [lambda i=i: kv.put(f"k{i}", i) for i in range(8)]
+    calls += [lambda: kv.put("v", 2, if_version=7),  # VersionConflict (before or after the last)
+              lambda: kv.append("scalar", [1]),  # NotAList
+              lambda: kv.append("big", ["y" * 600_000]),  # TooLarge: the list would pass 1 MiB
+              lambda: kv.put("v", 3, if_version=1)]  # succeeds
+    holder, release = hold_commit(store)
+    deadline = time.monotonic() + 30
+    outcomes: list = [None] * len(calls)
+    conns_ready = threading.Barrier(len(calls) + 1)
+
+    def run(i: int) -> None:
+        store.conn()  # this thread's connection, before the hooks are counted
+        conns_ready.wait()
+        conns_ready.wait()
+        try:
+            outcomes[i] = calls[i]()
+        except Exception as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    conns_ready.wait()
+    commits = count_commits(db)
+    head = db.last_change()
+    conns_ready.wait()
+    while len(store._queue) < len(calls):  # the holder's own write is taken, not queued
+        assert time.monotonic() < deadline, len(store._queue)
+        time.sleep(0.001)
+    release.set()
+    for t in threads + [holder]:
+        t.join(30)
+    assert commits[0] == 2  # the holder's group, then all the queued writes in one
+    assert outcomes[:8] == [1] * 8
+    assert isinstance(outcomes[8], agentstate.VersionConflict) and outcomes[8].current_version in (1, 2)
+    assert isinstance(outcomes[9], agentstate.NotAList)
+    assert isinstance(outcomes[10], agentstate.TooLarge)
+    assert outcomes[11] == 2
+    assert [kv.get(f"k{i}") for i in range(8)] == list(range(8))
+    assert kv.get_versioned("v") == (3, 2)
+    assert kv.get("scalar") == "not a list" and kv.length("big") == 1
+    # one change row per committed write, none for the refused ones
+    changes = db.changes(head)
+    assert sorted((c.key, c.op) for c in changes) == sorted(
+        [(f"k{i}", "put") for i in range(8)] + [("v", "put")])
+
+
+def test_a_failed_commit_fails_every_write_of_its_group(db):
+    """No write is acknowledged before the COMMIT that covers it: when that COMMIT
+    fails, every write of the group raises and none is there."""
+    kv = db.scope("session", "g")
+    store = store_of(db)
+    holder, release = hold_commit(store)
+    outcomes: list = [None] * 6
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = kv.put(f"k{i}", i)
+        except Exception as e:
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(store._queue) < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    # the next group is led by the first queued thread: veto every commit from now on
+    for c in store._conns:
+        c.set_commit_hook(lambda: True)
+    release.set()
+    for t in threads + [holder]:
+        t.join(30)
+    for c in store._conns:
+        c.set_commit_hook(None)
+    assert all(isinstance(o, agentstate.StorageError) for o in outcomes), outcomes
+    assert kv.list() == []
+    assert kv.put("after", 1) == 1  # the store goes on
+
+
+def test_concurrent_updates_lose_nothing(db_path):
+    """update()'s compare-and-set under group commit: 16 threads x 40 increments."""
+    with agentstate.open(db_path) as db:
+        counter = db.scope("agent", "a")
+
+        def work() -> None:
+            for _ in range(40):
+                counter.update("n", lambda v: v + 1, default=0)
+
+        threads = [threading.Thread(target=work) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert counter.get("n") == 640
+        assert len([c for c in db.changes(0, limit=10_000) if c.key == "n"]) == 640
+
+
+def test_many_threads_fewer_commits_than_writes(db_path):
+    """Without forcing: 16 threads writing at once share commits (at least some)."""
+    with agentstate.open(db_path) as db:
+        kv = db.scope("session", "s")
+        ready = threading.Barrier(17)
+        store = store_of(db)
+
+        def work(w: int) -> None:
+            store.conn()
+            ready.wait()
+            ready.wait()
+            for n in range(50):
+                kv.put(f"w{w}-{n}", n)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(16)]
+        for t in threads:
+            t.start()
+        ready.wait()
+        commits = count_commits(db)
+        ready.wait()
+        for t in threads:
+            t.join()
+        assert len(kv.list()) == 800
+        assert commits[0] < 800
+
+
+def test_a_transaction_stays_all_or_nothing_beside_groups(db):
+    """An explicit transaction() in one thread while other threads group-commit: its
+    rollback takes all of its writes, theirs all commit."""
+    kv = db.scope("session", "t")
+    stop = threading.Event()
+    written: list[int] = []
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            kv.put(f"w{n}", n)
+            written.append(n)
+            n += 1
+
+    others = [threading.Thread(target=writer) for _ in range(4)]
+    for t in others:
+        t.start()
+    for round_ in range(5):
+        with pytest.raises(RuntimeError):
+            with db.transaction():
+                kv.put(f"inside{round_}", 1)
+                kv.append(f"list{round_}", [1, 2])
+                raise RuntimeError("roll back")
+        with db.transaction():
+            kv.put(f"kept{round_}", 1)
+            kv.append(f"klist{round_}", [1, 2])
+    stop.set()
+    for t in others:
+        t.join()
+    keys = set(kv.list())
+    assert not any(k.startswith(("inside", "list")) for k in keys)
+    assert all(f"kept{r}" in keys and kv.slice(f"klist{r}") == [1, 2] for r in range(5))
+    assert written and all(f"w{n}" in keys for n in written)
+
+
+def test_async_tasks_group_and_keep_the_owner_rule(db):
+    """Async twins from many tasks commit (grouped in worker threads); a plain call from
+    another task inside an open transaction on the loop's thread is still refused."""
+    kv = db.scope("session", "a")
+
+    async def main() -> list:
+        return await asyncio.gather(*(kv.aput(f"k{i}", i) for i in range(64)))
+
+    assert asyncio.run(main()) == [1] * 64
+    assert len(kv.list()) == 64
+
+
+def test_one_thread_writes_without_savepoints(db):
+    """A write alone in its group is a plain BEGIN IMMEDIATE ... COMMIT (no SAVEPOINT):
+    a single thread pays nothing for group commit."""
+    kv = db.scope("session", "one")
+    kv.put("warm", 0)
+    statements: list[str] = []
+    c = store_of(db).conn()
+    c.exec_trace = lambda cur, sql, bindings: statements.append(sql.split()[0].upper()) or True
+    kv.put("k", 1)
+    c.exec_trace = None
+    assert "SAVEPOINT" not in statements and statements[0] == "BEGIN" and statements[-1] == "COMMIT"
+
+
+def test_benchmark_smoke(tmp_path):
+    """The group-commit benchmark's quick mode produces its table (speed is not asserted)."""
+    res = bench.measure(repeats=1, seconds=0.1, writers=3)
+    text = bench.table(res, 3)
+    assert "| 3 threads | full | agentstate, group commit |" in text
+    assert "| 3 processes | full | raw apsw, one transaction per write |" in text
