@@ -1,0 +1,159 @@
+"""Administration on PostgreSQL: the store's own invariants (check) and info.
+
+``backup`` and ``vacuum`` work on a file; a server has its own tools
+(pg_dump, VACUUM), so they refuse with UsageError.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from .store import SCHEMA_VERSION, translate
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .store import Store
+
+# Each invariant is one query returning (location, problem) rows; none means it holds.
+INVARIANTS: list[tuple[str, str]] = [
+    ("list length and size match the items", """
+        SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
+               'stored length ' || k.length || ' size ' || k.size || ', items give length '
+               || count(i.idx) || ' size ' || (CASE WHEN count(i.idx) = 0 THEN 2
+                  ELSE 1 + sum(octet_length(i.item::text) + 1) END)
+               || ', indexes ' || coalesce(min(i.idx)::text, '-') || '..' || coalesce(max(i.idx)::text, '-')
+        FROM kv k LEFT JOIN list_item i ON i.list_id = k.list_id
+        WHERE k.type = 'list'
+        GROUP BY k.kind, k.scope_id, k.key
+        HAVING count(i.idx) <> k.length
+            OR (CASE WHEN count(i.idx) = 0 THEN 2 ELSE 1 + sum(octet_length(i.item::text) + 1) END) <> k.size
+            OR coalesce(min(i.idx), 0) <> 0 OR coalesce(max(i.idx), -1) <> k.length - 1"""),
+    ("list items belong to a list", """
+        SELECT 'list_item list_id ' || list_id, 'items of no list'
+        FROM (SELECT DISTINCT list_id FROM list_item
+              EXCEPT SELECT list_id FROM kv WHERE list_id IS NOT NULL) orphans
+        UNION ALL
+        SELECT 'list_seq', 'last ' || (SELECT last_value FROM list_seq) || ' is below list_id ' || max(list_id)
+        FROM kv WHERE list_id IS NOT NULL HAVING max(list_id) > (SELECT last_value FROM list_seq)"""),
+    ("values are of the recorded size", """
+        SELECT 'kv ' || kind || ':' || scope_id || ' ' || key,
+               'size ' || size || ' but the value has ' || octet_length(coalesce(value::text::bytea, data))
+        FROM kv WHERE type <> 'list' AND octet_length(coalesce(value::text::bytea, data)) <> size"""),
+    ("versions never go back", """
+        SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
+               'version ' || k.version || ' is not above the deleted version ' || d.version
+        FROM kv k JOIN kv_deleted d USING (kind, scope_id, key)
+        WHERE k.version <= d.version"""),
+    ("run histories are seq first_seq..next_seq-1, no gap", """
+        SELECT 'run ' || r.id,
+               'seqs ' || r.first_seq || '..' || (r.next_seq - 1) || ' recorded but ' || count(e.seq)
+               || ' entries, seqs ' || coalesce(min(e.seq)::text, '-') || '..' || coalesce(max(e.seq)::text, '-')
+        FROM run r LEFT JOIN run_entry e ON e.run_id = r.id
+        GROUP BY r.id
+        HAVING count(e.seq) <> r.next_seq - r.first_seq
+            OR coalesce(min(e.seq), r.first_seq) <> r.first_seq
+            OR coalesce(max(e.seq), r.next_seq - 1) <> r.next_seq - 1"""),
+    ("the change feed: rows well formed, seqs handed out by feed_head", """
+        SELECT 'change seq ' || seq, 'topic ' || topic || ' has no op ' || op
+        FROM change
+        WHERE NOT (topic = 'kv' AND op IN ('put', 'delete', 'append', 'pop', 'touch', 'expire')
+                   AND kind IS NOT NULL AND scope_id IS NOT NULL AND key IS NOT NULL
+                   AND version >= 1)
+          AND NOT (topic = 'run' AND op IN ('create', 'write', 'delete', 'fork', 'trim')
+                   AND scope_id IS NOT NULL)
+          AND NOT (topic = 'session' AND op IN ('create', 'delete', 'queued', 'running', 'held',
+                   'decided', 'resuming', 'finished', 'failed', 'expired') AND scope_id IS NOT NULL)
+        UNION ALL
+        SELECT 'change seq ' || seq, 'start ' || start || ' count ' || count
+        FROM change WHERE start < 0 OR count < 0 OR (start IS NULL) <> (count IS NULL)
+        UNION ALL
+        SELECT 'feed_head', 'last ' || (SELECT last FROM feed_head) || ' is below seq ' || max(seq)
+        FROM change HAVING max(seq) > (SELECT last FROM feed_head)
+        UNION ALL
+        SELECT 'change_pending', count(*) || ' changes of committed transactions never reached the feed'
+        FROM change_pending HAVING count(*) > 0"""),
+    ("no kv change is newer than its key", """
+        SELECT 'change seq ' || ch.seq, 'version ' || ch.version || ' of ' || ch.kind || ':'
+               || ch.scope_id || ' ' || ch.key || ' but the key has reached only '
+               || greatest(k.version, d.version, 0)
+        FROM change ch
+        LEFT JOIN kv k ON k.kind = ch.kind AND k.scope_id = ch.scope_id AND k.key = ch.key
+        LEFT JOIN kv_deleted d ON d.kind = ch.kind AND d.scope_id = ch.scope_id AND d.key = ch.key
+        WHERE ch.topic = 'kv' AND ch.version > greatest(k.version, d.version, 0)"""),
+    ("run entries are JSON objects carrying their seq", """
+        SELECT 'run ' || run_id || ' seq ' || seq, 'entry is not an object with this seq'
+        FROM run_entry
+        WHERE json_typeof(entry) <> 'object'
+           OR json_typeof(entry -> 'seq') IS DISTINCT FROM 'number'
+           OR (entry ->> 'seq')::numeric <> seq
+        UNION ALL
+        SELECT 'run ' || id, 'snapshot is not a JSON object'
+        FROM run WHERE snapshot IS NOT NULL AND json_typeof(snapshot) <> 'object'"""),
+    ("at most one active turn per session", """
+        SELECT 'session ' || session_id, count(*) || ' queued or running turns'
+        FROM turn WHERE status IN ('queued', 'running')
+        GROUP BY session_id HAVING count(*) > 1"""),
+]
+
+
+def check(store: Store) -> list[str]:
+    """Every problem found, as 'location: problem'; [] when the store is sound.
+
+    The server keeps its own pages sound (and enforces the foreign keys);
+    these are the store's invariants, one query each, in one snapshot.
+    """
+    problems: list[str] = []
+    with store.snapshot() as c:
+        for name, sql in INVARIANTS:
+            try:
+                c.execute("SAVEPOINT inv")
+                for where, what in c.execute(sql).fetchall():
+                    problems.append(f"{where}: {what} ({name})")
+                c.execute("RELEASE SAVEPOINT inv")
+            except psycopg.Error as e:
+                c.execute("ROLLBACK TO SAVEPOINT inv")
+                problems.append(f"{name}: could not be checked: {translate(e)}")
+    return problems
+
+
+def info(store: Store) -> dict[str, Any]:
+    with store.snapshot() as c:
+        row = c.execute(
+            """SELECT (SELECT count(*) FROM (SELECT DISTINCT kind, scope_id FROM kv) s),
+                      (SELECT count(*) FROM kv), (SELECT count(*) FROM list_item),
+                      (SELECT count(*) FROM run), (SELECT count(*) FROM run_entry),
+                      (SELECT count(*) FROM session), (SELECT count(*) FROM turn),
+                      (SELECT count(*) FROM change),
+                      (SELECT version FROM agentstate_version),
+                      (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+                       FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace
+                         AND c.relkind = 'r'),
+                      current_schema(), current_setting('server_version')""").fetchone()
+    counts = dict(zip(("scopes", "keys", "list_items", "runs", "entries", "sessions", "turns",
+                       "changes"), row[:8]))
+    return {
+        "path": store.path,
+        "size_bytes": row[9],
+        "wal_bytes": 0,  # the server's WAL is shared by all its databases: not this store's
+        "schema_version": row[8],
+        "library_schema_version": SCHEMA_VERSION,
+        "durability": store.durability,
+        "counts": counts,
+        "schema": row[10],
+        "server_version": row[11],
+    }
+
+
+def backup(store: Store, dest: str, progress: Any = None) -> str:
+    raise UsageError("backup copies an SQLite file; for a PostgreSQL store use the server's tools "
+                     f"(pg_dump --schema={store.schema} ...)")
+
+
+def vacuum(store: Store) -> dict[str, int]:
+    raise UsageError("vacuum rebuilds an SQLite file; a PostgreSQL server vacuums its own tables "
+                     "(autovacuum, or VACUUM in psql); expired keys are purged as writes happen")
+
+
+__all__ = ["backup", "check", "info", "vacuum"]

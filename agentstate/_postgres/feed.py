@@ -1,0 +1,70 @@
+"""Repository of the change feed (SPEC §9) and the settings (SPEC §10) on PostgreSQL.
+
+The write functions record their changes themselves (``feed_add`` in
+``schema_postgres.sql``), in commit order: seqs come from the one-row
+``feed_head`` as the last step of each write and stay locked until it
+commits. ``purge`` is the bounded housekeeping done after every few writes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._feed import DEFAULTS
+from ..errors import CursorExpired
+from .store import Conn
+
+__all__ = ["iso", "head", "scan", "settings", "set_setting", "purge"]
+
+PURGE_BATCH = 32  # rows of each kind a purge step removes at most
+COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
+
+
+def iso(t: float) -> str:
+    """A unix time as ISO-8601 UTC text (what the server reads as a timestamptz)."""
+    sec, us = divmod(int(t * 1_000_000), 1_000_000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{us:06d}Z"
+
+
+def head(c: Conn) -> int:
+    """The newest seq handed out; 0 on a new store."""
+    return c.execute("SELECT last FROM feed_head").fetchone()[0]
+
+
+def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+    """(change rows after since, head) in the caller's snapshot.
+
+    :raises CursorExpired: some change after ``since`` is no longer kept.
+    """
+    top, retention, first = c.execute(
+        "SELECT (SELECT last FROM feed_head), (SELECT value FROM setting WHERE name = 'feed_retention'), "
+        "(SELECT min(seq) FROM change)").fetchone()
+    if since < top:
+        if retention == 0:
+            raise CursorExpired(f"the change feed is off (feed_retention 0): only since={top} "
+                                "(last_change()) is valid")
+        if first is None or first > since + 1:
+            raise CursorExpired(
+                f"changes after {since} are no longer kept (the oldest kept is "
+                f"{first if first is not None else 'none'}): read the current state and go on "
+                f"from last_change() = {top}")
+    where = "".join(f" AND {name} = %({name})s" for name in flt)
+    rows = c.execute(
+        f"SELECT {COLUMNS} FROM change WHERE seq > %(since)s{where} ORDER BY seq LIMIT %(limit)s",
+        {"since": since, "limit": limit, **flt}).fetchall()
+    return rows, top
+
+
+def settings(c: Conn) -> dict[str, Any]:
+    return {**DEFAULTS, **dict(c.execute("SELECT name, value FROM setting").fetchall())}
+
+
+def set_setting(c: Conn, name: str, value: Any) -> None:
+    c.execute("INSERT INTO setting (name, value) VALUES (%s, %s) "
+              "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
+
+
+def purge(c: Conn, batch: int = PURGE_BATCH) -> int:
+    """Remove up to ``batch`` feed rows past the retention and ``batch`` expired keys."""
+    return c.execute("SELECT feed_purge(%s)", (batch,)).fetchone()[0]

@@ -1,0 +1,123 @@
+"""Repository of scoped keys on PostgreSQL: the functions of ``_kv``, same arguments, same rows.
+
+Each write is one call of its server function (``kv_put``, ``kv_append``, ...
+in ``schema_postgres.sql``), which locks the key's row, checks, writes and
+records its change; each read is one statement. A row whose ``expires_at``
+has passed is absent to every reader (the WHERE clause says so) and expired
+for good by the first writer that meets it, as on SQLite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import Conn
+
+Row = tuple[Any, ...]
+KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl), as _kv.KEEP
+_KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
+_LIVE = "(expires_at IS NULL OR expires_at > now())"
+
+
+def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
+    """(type, value, version, joined list items) in one statement, or None."""
+    row = c.execute(
+        f"""SELECT type, value::text, data, version,
+                   CASE WHEN type = 'list' THEN
+                     (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
+                      WHERE list_id = kv.list_id)
+                   END
+            FROM kv WHERE {_KEY} AND {_LIVE}""",
+        {"kind": kind, "sid": sid, "key": key}).fetchone()
+    if row is None:
+        return None
+    type_, text, data, version, items = row
+    return type_, data if type_ == "bytes" else text, version, items
+
+
+def put(c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: int,
+        items: list[str] | None, if_version: int | None, ttl: Any = None) -> int:
+    """Write a value (``items`` for a list); return the new version.
+
+    ``ttl``: seconds from now (the server's clock), None (never), or KEEP.
+    """
+    keep = ttl == KEEP
+    return c.execute(
+        "SELECT kv_put(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (kind, sid, key, type_, None if type_ == "bytes" else value,
+         value if type_ == "bytes" else None, size, items, if_version,
+         None if keep else ttl, keep)).fetchone()[0]
+
+
+def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
+    """Remove a key (and a list's items), remembering its version; whether it existed."""
+    return c.execute("SELECT kv_delete(%s, %s, %s, %s)", (kind, sid, key, if_version)).fetchone()[0]
+
+
+def append(c: Conn, kind: str, sid: str, key: str, items: list[str], items_size: int,
+           ttl: Any = KEEP) -> tuple[int, int]:
+    """Add items at the end of a list (created if absent); return (length, version)."""
+    return c.execute(
+        "SELECT o_length, o_version FROM kv_append(%s, %s, %s, %s, %s, %s)",
+        (kind, sid, key, items, items_size, None if ttl == KEEP else ttl)).fetchone()
+
+
+def pop(c: Conn, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]:
+    """Remove the last ``n`` items of a list; return their texts in list order and the version."""
+    items, version = c.execute("SELECT o_items, o_version FROM kv_pop(%s, %s, %s, %s)",
+                               (kind, sid, key, n)).fetchone()
+    return items, version
+
+
+def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | None:
+    """Set a live key's expiry (None: never); its version, or None when absent."""
+    return c.execute("SELECT kv_touch(%s, %s, %s, %s)", (kind, sid, key, ttl)).fetchone()[0]
+
+
+def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None:
+    """(expires_at as unix time,) of a live key, or None when absent."""
+    return c.execute(
+        f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}",
+        {"kind": kind, "sid": sid, "key": key}).fetchone()
+
+
+def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
+                stop: int | None) -> list[str] | None:
+    """Item texts of list[start:stop] in one statement; None when not a list."""
+    rows = c.execute(
+        """SELECT k.type, i.item::text FROM kv k
+           LEFT JOIN list_item i ON i.list_id = k.list_id
+             AND i.idx >= (CASE WHEN %(start)s < 0 THEN k.length + %(start)s ELSE %(start)s END)
+             AND i.idx < (CASE WHEN %(stop)s::bigint IS NULL THEN k.length
+                               WHEN %(stop)s < 0 THEN k.length + %(stop)s ELSE %(stop)s END)
+           WHERE k.kind = %(kind)s AND k.scope_id = %(sid)s AND k.key = %(key)s
+             AND (k.expires_at IS NULL OR k.expires_at > now())
+           ORDER BY i.idx""",
+        {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop}).fetchall()
+    if not rows:
+        return []
+    if rows[0][0] != "list":
+        return None
+    return [r[1] for r in rows if r[1] is not None]
+
+
+def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
+    """Items in a list, 0 when absent, None when the value is not a list."""
+    row = c.execute(f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}",
+                    {"kind": kind, "sid": sid, "key": key}).fetchone()
+    if row is None:
+        return 0
+    return row[1] if row[0] == "list" else None
+
+
+def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
+         limit: int | None) -> list[str]:
+    """Live keys starting with ``prefix`` (a range scan of the primary key), ascending."""
+    lo = prefix if after is None or after < prefix else after
+    # Keys are ASCII below DEL, so '\x7f' bounds them all; else the prefix's successor.
+    hi = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\x7f"
+    op = ">=" if after is None or after < prefix else ">"
+    return [r[0] for r in c.execute(
+        f"""SELECT key FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND key {op} %(lo)s
+            AND key < %(hi)s AND {_LIVE} ORDER BY key LIMIT %(limit)s""",
+        {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "limit": limit}).fetchall()]

@@ -1,0 +1,94 @@
+"""Repository of sessions and turns on PostgreSQL: the functions of ``_sessions_repo``.
+
+"One turn at a time" is the partial unique index turn_one_active; a turn
+starts in ``turn_start`` under the session's row lock, and every state change
+is one UPDATE (``turn_move``) whose WHERE clause names the states it may leave.
+Reads that come first in a write (the access checks) begin its transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import NotFound
+from .store import Conn
+
+Row = tuple[Any, ...]
+TURN_COLUMNS = ("t.id, t.session_id, t.n, t.status, t.input::text, t.request::text, "
+                "t.decision::text, t.result::text, t.error, "
+                "extract(epoch FROM t.lease_until)::float8, iso_utc(t.created_at), "
+                "iso_utc(t.updated_at), t.lease")
+_SESSION = "id, owner, iso_utc(created_at), metadata::text"
+
+
+def session_row(c: Conn, session_id: str, name: str, admin: bool) -> Row:
+    """The session as this principal may see it; NotFound for others' sessions too."""
+    c.begin()
+    row = c.execute(f"SELECT {_SESSION} FROM session WHERE id = %s", (session_id,)).fetchone()
+    if row is None or (not admin and row[1] != name):
+        raise NotFound(f"no session {session_id!r}")
+    return row
+
+
+def create(c: Conn, session_id: str, owner: str, metadata: str) -> Row:
+    created = c.execute("SELECT session_create(%s, %s, %s)",
+                        (session_id, owner, metadata)).fetchone()[0]
+    return (session_id, owner, created, metadata)
+
+
+def sessions(c: Conn, name: str, admin: bool) -> list[Row]:
+    if admin:
+        return c.execute(f"SELECT {_SESSION} FROM session ORDER BY created_at DESC, id").fetchall()
+    return c.execute(f"SELECT {_SESSION} FROM session WHERE owner = %s ORDER BY created_at DESC, id",
+                     (name,)).fetchall()
+
+
+def delete(c: Conn, session_id: str) -> None:
+    """The session, its turns (cascade) and its session-scope keys, remembering versions."""
+    c.execute("SELECT session_delete(%s)", (session_id,))
+
+
+def idle(c: Conn, cutoff: str, now: float) -> list[str]:
+    """Sessions with no turn started since ``cutoff`` and none queued, running or resuming
+    (with a live lease), oldest first."""
+    c.begin()
+    return [r[0] for r in c.execute(
+        """SELECT s.id FROM session s
+           WHERE coalesce((SELECT max(created_at) FROM turn WHERE session_id = s.id), s.created_at)
+                 < %s::timestamptz
+             AND NOT EXISTS (SELECT 1 FROM turn WHERE session_id = s.id
+                             AND status IN ('queued', 'running', 'resuming')
+                             AND lease_until >= to_timestamp(%s))
+           ORDER BY s.created_at, s.id""", (cutoff, now)).fetchall()]
+
+
+def start(c: Conn, turn_id: str, session_id: str, status: str, input_: str | None,
+          lease: float) -> Row:
+    """Insert a queued or running turn; SessionBusy while another one is active."""
+    return c.execute(f"SELECT {TURN_COLUMNS} FROM turn_start(%s, %s, %s, %s, %s) t",
+                     (turn_id, session_id, status, input_, lease)).fetchone()
+
+
+def turn_row(c: Conn, turn_id: str) -> Row | None:
+    c.begin()
+    return c.execute(f"SELECT {TURN_COLUMNS} FROM turn t WHERE id = %s", (turn_id,)).fetchone()
+
+
+def turns(c: Conn, session_id: str) -> list[Row]:
+    return c.execute(f"SELECT {TURN_COLUMNS} FROM turn t WHERE session_id = %s ORDER BY n DESC",
+                     (session_id,)).fetchall()
+
+
+def move(c: Conn, turn_id: str, from_states: tuple[str, ...], to: str, sets: dict[str, Any],
+         lease: float | None, what: str) -> Row:
+    """Change a turn's state if it is in ``from_states`` (and its lease holds)."""
+    return c.execute(
+        f"SELECT {TURN_COLUMNS} FROM turn_move(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) t",
+        (turn_id, list(from_states), to, lease, what, list(sets), sets.get("request"),
+         sets.get("decision"), sets.get("result"), sets.get("error"))).fetchone()
+
+
+def active_turn(c: Conn, session_id: str) -> Row | None:
+    return c.execute(
+        f"SELECT {TURN_COLUMNS} FROM turn t WHERE session_id = %s AND status IN ('queued', 'running')",
+        (session_id,)).fetchone()

@@ -1,0 +1,634 @@
+"""The PostgreSQL connection layer: a pool, transactions, the schema, errors, NOTIFY.
+
+A ``psycopg_pool.ConnectionPool`` of autocommit connections is shared by the
+threads of a process. Every write is one call of a server function (see
+``schema_postgres.sql``), so a call outside ``db.transaction()`` is a single
+statement in autocommit: one round trip, its own transaction. An operation of
+several statements, and a ``transaction()`` block, runs in ``BEGIN`` ...
+``COMMIT`` on one connection held by its thread, with a SAVEPOINT around each
+nested write so a refused call undoes only itself. psycopg errors are
+translated here, where they enter the library: none reaches the caller.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import select
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+from psycopg.types.numeric import Int8Dumper
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from .. import errors
+from .._encoding import MAX_VALUE
+from ..errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError, UsageError
+
+POOL_MAX = 16  # connections per process: one per thread inside a write, at most
+HOUSEKEEP_EVERY = 8  # writes per purge step (feed_purge): a few rows each, so none pays much
+RETRIES = 3  # a lone statement that lost a deadlock did nothing: it is run again
+OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
+              "feed_head", "change_pending", "setting", "token")
+
+
+def schema_text() -> str:
+    """The schema: shipped inside the wheel, or the repository's top-level file."""
+    shipped = resources.files("agentstate").joinpath("schema_postgres.sql")
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[2] / "schema_postgres.sql").read_text(encoding="utf-8")
+
+
+SCHEMA = schema_text()
+SCHEMA_VERSION = int(re.findall(r"INSERT INTO agentstate_version \(version\) VALUES \((\d+)\);",
+                                SCHEMA)[-1])
+# MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
+# one transaction (under the advisory lock) that opens it.
+MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {}
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and ``db.path``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+# -- errors --------------------------------------------------------------------
+
+_BUSY = (pgerr.LockNotAvailable, pgerr.DeadlockDetected, pgerr.SerializationFailure,
+         pgerr.QueryCanceled)
+_RETRY = (pgerr.DeadlockDetected, pgerr.SerializationFailure)
+
+
+def lost_connection(e: BaseException) -> bool:
+    """The connection broke (server restart, network): not an answer to the statement."""
+    if isinstance(e, (pgerr.AdminShutdown, pgerr.CrashShutdown, pgerr.CannotConnectNow)):
+        return True
+    return isinstance(e, psycopg.OperationalError) and (e.sqlstate is None
+                                                         or e.sqlstate.startswith("08"))
+
+
+def translate(e: psycopg.Error, outcome_unknown: bool = False) -> AgentStateError:
+    """The agentstate error for a psycopg error; ``outcome_unknown`` when a lost
+    connection leaves a write's fate unknown (a COMMIT, or a lone statement)."""
+    hint = e.diag.message_hint or "" if e.diag is not None else ""
+    if hint.startswith("agentstate:"):
+        cls = getattr(errors, hint[len("agentstate:"):])
+        msg = e.diag.message_primary or str(e)
+        detail = e.diag.message_detail or ""
+        if cls is errors.VersionConflict:
+            return cls(msg, int(detail))
+        if cls is errors.SessionBusy:
+            return cls(msg, detail)
+        if cls is errors.TooLarge:
+            return cls(msg, int(detail), MAX_VALUE)
+        return cls(msg)
+    if isinstance(e, _BUSY):
+        return Busy(f"the server kept the rows locked by other writers: {e.sqlstate}: "
+                    f"{_first_line(e)}")
+    if isinstance(e, pgerr.UndefinedTable):
+        return Damaged(f"the store's tables are missing (dropped outside agentstate?): {_first_line(e)}")
+    if isinstance(e, pgerr.InFailedSqlTransaction):
+        return UsageError("an earlier error aborted this transaction(): leave the block")
+    if lost_connection(e):
+        err = StorageError(f"lost the connection to the server: {_first_line(e)}")
+        err.outcome_unknown = outcome_unknown
+        return err
+    return StorageError(f"the server refused: {e.sqlstate or type(e).__name__}: {_first_line(e)}")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().split("\n", 1)[0]
+
+
+# -- one connection as the repositories see it --------------------------------
+
+AUTO, TXN, READ = "auto", "txn", "read"
+_BEGIN_BLOCK = "BEGIN; SET LOCAL agentstate.block = 'on'"  # feed_add() holds changes till COMMIT
+
+
+class Conn:
+    """A checked-out connection: ``execute`` and, for several statements, ``begin``.
+
+    Modes: AUTO (a write not yet begun: each statement is its own transaction,
+    retried when it lost a deadlock), TXN (inside BEGIN), READ (a read).
+    """
+
+    __slots__ = ("raw", "mode", "ran")
+
+    def __init__(self, raw: psycopg.Connection, mode: str) -> None:
+        self.raw = raw
+        self.mode = mode
+        self.ran = False
+
+    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor:
+        if self.mode is not AUTO:
+            return self.raw.execute(query, params)
+        self.ran = True
+        for attempt in range(RETRIES):
+            try:
+                return self.raw.execute(query, params)
+            except _RETRY:
+                if attempt == RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def begin(self) -> None:
+        """Make the statements from here on one transaction (a no-op if they are)."""
+        if self.mode is AUTO:
+            if self.ran:
+                raise AssertionError("begin() after a statement already committed on its own")
+            self.raw.execute(_BEGIN_BLOCK)
+            self.mode = TXN
+
+
+# -- the store ------------------------------------------------------------------
+
+
+class Store:
+    """Connections to one store (the tables in one schema), shared by a process's threads."""
+
+    def __init__(self, url: str, durability: str, busy_timeout: float) -> None:
+        self.url = url
+        self.path = redact(url)
+        self.durability = durability
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._writes = 0
+        self._pid = os.getpid()
+        self._waiters: list[NotifyWaiter] = []
+        # The transaction the running code is inside of (see _connection.Store).
+        self._txn: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+            "agentstate_pg_txn", default=None)
+        self.housekeeping: Callable[[Conn], Any] | None = None
+        with self._connect() as c:  # a clear error for a bad URL or an unreachable server
+            self.schema = ensure_schema(c, self.path)
+            self.channel = c.execute("SELECT feed_channel()").fetchone()[0]
+        self.pool = ConnectionPool(
+            url, min_size=1, max_size=POOL_MAX, kwargs={"autocommit": True},
+            configure=self._configure, open=False, name="agentstate",
+            timeout=max(busy_timeout, 0.05))
+        self.pool.open(wait=False)  # the first call waits for a connection, if need be
+
+    # -- connections ----------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection:
+        """A connection of its own (schema setup, NOTIFY waiters), set up like the pool's."""
+        try:
+            c = psycopg.connect(self.url, autocommit=True)
+        except psycopg.Error as e:
+            raise StorageError(f"cannot connect to {self.path}: {_first_line(e)}") from None
+        try:
+            self._configure(c)
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def _configure(self, c: psycopg.Connection) -> None:
+        # One int type for every integer parameter, so a statement is prepared
+        # once, whatever the size of the numbers it is called with.
+        c.adapters.register_dumper(int, Int8Dumper)
+        lock_ms = max(1, int(self.busy_timeout * 1000))  # 0 would mean "wait forever"
+        sync = "on" if self.durability == "full" else "off"
+        c.execute(f"SET lock_timeout = {lock_ms}; SET synchronous_commit = {sync}; "
+                  "SET TimeZone = 'UTC'")
+
+    def _checkout(self) -> psycopg.Connection:
+        if self._closed:
+            raise Closed(f"the database {self.path} is closed")
+        if os.getpid() != self._pid:
+            raise UsageError("this Database was opened before fork(): open one in the child "
+                             "(or start processes with spawn)")
+        while True:
+            try:
+                raw = self.pool.getconn()
+            except PoolClosed:
+                raise Closed(f"the database {self.path} is closed") from None
+            except PoolTimeout:
+                stats = self.pool.get_stats()
+                if stats.get("pool_size", 0) < POOL_MAX:
+                    raise StorageError(f"cannot reach the server of {self.path} (no connection "
+                                       f"within {self.busy_timeout:g} s)") from None
+                raise Busy(f"all {POOL_MAX} connections to {self.path} stayed in use for "
+                           f"{self.busy_timeout:g} s") from None
+            if not _readable(raw):
+                return raw
+            # An idle connection has nothing to read unless the server hung up
+            # on it (a restart): drop it and take another, before using it.
+            raw.close()
+            self.pool.putconn(raw)
+
+    def _checkin(self, raw: psycopg.Connection) -> None:
+        try:
+            self.pool.putconn(raw)
+        except PoolClosed:
+            raw.close()
+
+    def _thread(self) -> threading.local:
+        local = self._local
+        if not hasattr(local, "depth"):
+            local.depth, local.conn, local.owner = 0, None, None
+        return local
+
+    def check_owner(self) -> None:
+        """Refuse a call from code that is not inside this thread's open transaction."""
+        local = self._thread()
+        if local.depth:
+            if self._txn.get() is not local.owner:
+                raise Busy(
+                    "another task on this thread has an open transaction() on this database; "
+                    "a call from outside its block would join it (and be lost if it rolls back): "
+                    "await its end, or run this call in another thread (the async twins do)"
+                )
+        else:
+            tok = self._txn.get()
+            if tok is not None and tok[0]:
+                raise UsageError(
+                    "this call runs in another thread than the transaction() it is inside of "
+                    "(an async twin, or a thread started in the block), so it cannot join it "
+                    "and would wait for it forever: use the plain calls inside transaction()"
+                )
+
+    # -- transactions ---------------------------------------------------------
+
+    def write(self) -> _Write:
+        """One write: a lone statement, a transaction, or a savepoint inside one."""
+        return _Write(self)
+
+    def read(self) -> _Read:
+        """A connection for reading; each statement sees one consistent snapshot."""
+        return _Read(self)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Conn]:
+        """Several reads that must see the same state: a repeatable-read transaction."""
+        self.check_open()
+        if self._thread().depth:
+            with self.read() as c:
+                yield c
+            return
+        raw = self._checkout()
+        try:
+            raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield Conn(raw, READ)
+            raw.execute("COMMIT")
+        except psycopg.Error as e:
+            _quiet_rollback(raw)
+            raise translate(e) from None
+        except BaseException:
+            _quiet_rollback(raw)
+            raise
+        finally:
+            self._checkin(raw)
+
+    def in_write(self) -> bool:
+        return bool(getattr(self._local, "depth", 0))
+
+    def query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+        with self.read() as c:
+            return c.execute(sql, args).fetchall()
+
+    def clock(self) -> float:
+        """The server's clock (unix time): the store's clock, for cutoffs."""
+        with self.read() as c:
+            return c.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+
+    # -- the change feed's wake-ups ------------------------------------------
+
+    @contextmanager
+    def waiter(self) -> Iterator[NotifyWaiter]:
+        """Something to wait on for another client's commit (LISTEN on the store's channel)."""
+        self.check_open()
+        with self._lock:
+            w = self._waiters.pop() if self._waiters else None
+        if w is None:
+            w = NotifyWaiter(self)
+        try:
+            yield w
+        finally:
+            with self._lock:
+                if self._closed or len(self._waiters) >= 4 or w.conn.closed:
+                    w.close()
+                else:
+                    self._waiters.append(w)
+
+    # -- closing --------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise Closed(f"the database {self.path} is closed")
+
+    def close(self) -> None:
+        """Close the pool; a connection in use by another thread closes as it is returned."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            w.close()
+        if os.getpid() == self._pid:
+            self.pool.close(timeout=1.0)
+
+
+def _readable(raw: psycopg.Connection) -> bool:
+    try:
+        return bool(select.select([raw.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
+def _quiet_rollback(raw: psycopg.Connection) -> None:
+    try:
+        if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raw.execute("ROLLBACK")
+    except psycopg.Error:
+        pass
+
+
+class _Write:
+    """Store.write: the transaction rules of ``_connection._Write``, on a server.
+
+    Outermost: a connection from the pool in AUTO mode; if the operation
+    begins a transaction (several statements, or a nested write), its
+    changes are moved to the feed and it COMMITs on success, or ROLLBACKs on
+    any exception. A COMMIT (or a lone statement) cut off by a lost
+    connection raises ``StorageError`` with ``outcome_unknown``.
+    Nested: SAVEPOINT, released on success, rolled back to on an exception.
+    """
+
+    __slots__ = ("store", "c", "depth", "token", "reset")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> Conn:
+        store = self.store
+        local = store._thread()
+        depth = self.depth = local.depth
+        store.check_owner()
+        if depth == 0:
+            self.c = local.conn = Conn(store._checkout(), AUTO)
+            self.token = local.owner = [True]
+            self.reset = store._txn.set(self.token)
+        else:
+            c = self.c = local.conn
+            try:
+                c.begin()
+                c.raw.execute("SAVEPOINT w")
+            except psycopg.Error as e:
+                raise translate(e) from None
+        local.depth = depth + 1
+        return self.c
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        store, c, depth = self.store, self.c, self.depth
+        local = store._local
+        local.depth = depth
+        if depth:
+            self._end_savepoint(exc)
+            return
+        self.token[0] = False
+        local.owner = local.conn = None
+        try:
+            store._txn.reset(self.reset)
+        except ValueError:  # left in another context than it was entered in
+            store._txn.set(None)
+        try:
+            if c.mode is TXN:
+                self._end_transaction(exc)
+            elif isinstance(exc, psycopg.Error):
+                raise translate(exc, outcome_unknown=lost_connection(exc)) from None
+            if exc is None:
+                self._housekeeping()
+        finally:
+            store._checkin(c.raw)
+
+    def _end_savepoint(self, exc: BaseException | None) -> None:
+        raw = self.c.raw
+        try:
+            raw.execute("ROLLBACK TO SAVEPOINT w; RELEASE SAVEPOINT w" if exc is not None
+                        else "RELEASE SAVEPOINT w")
+        except psycopg.Error as e:
+            if exc is None:
+                raise translate(e) from None
+        if isinstance(exc, psycopg.Error):
+            raise translate(exc) from None
+
+    def _end_transaction(self, exc: BaseException | None) -> None:
+        raw = self.c.raw
+        if exc is not None:
+            _quiet_rollback(raw)
+            if isinstance(exc, psycopg.Error):
+                raise translate(exc) from None
+            return
+        try:
+            raw.execute("SELECT feed_flush(); COMMIT")
+        except psycopg.Error as e:
+            unknown = lost_connection(e)  # the COMMIT may have happened; a refusal before it did not
+            _quiet_rollback(raw)
+            raise translate(e, outcome_unknown=unknown) from None
+
+    def _housekeeping(self) -> None:
+        store = self.store
+        if store.housekeeping is None:
+            return
+        store._writes += 1
+        if store._writes % HOUSEKEEP_EVERY:
+            return
+        try:
+            store.housekeeping(Conn(self.c.raw, AUTO))
+        except psycopg.Error:
+            pass  # the write is committed; the next purge step takes over
+
+
+class _Read:
+    """Store.read: the thread's transaction if it is in one, else a pooled connection."""
+
+    __slots__ = ("store", "own")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> Conn:
+        store = self.store
+        local = store._thread()
+        if local.depth:
+            store.check_owner()
+            self.own = None
+            c = local.conn
+            try:
+                c.begin()  # a read inside a write: what follows depends on it
+            except psycopg.Error as e:
+                raise translate(e) from None
+            return c
+        self.own = Conn(store._checkout(), READ)
+        return self.own
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.own is not None:
+            self.store._checkin(self.own.raw)
+        if isinstance(exc, psycopg.Error):
+            raise translate(exc) from None
+
+
+# -- the schema -------------------------------------------------------------------
+
+
+def ensure_schema(c: psycopg.Connection, where: str) -> str:
+    """Create or migrate the store in the connection's current schema; its name.
+
+    In one transaction under an advisory lock on the schema's name, so two
+    clients opening a fresh store at once create it once.
+
+    :raises SchemaTooNew: the store was written by a newer agentstate.
+    :raises Damaged: the schema holds tables of the same names that are not a store.
+    :raises StorageError: the search_path names no existing schema.
+    """
+    try:
+        schema = c.execute("SELECT current_schema()").fetchone()[0]
+        if schema is None:
+            raise StorageError(
+                f"{where}: the search_path names no existing schema: create it (CREATE SCHEMA) "
+                "or name another one in options=-csearch_path%3D...")
+        version = _version(c, schema)
+        if version == SCHEMA_VERSION:
+            return schema
+        _refuse_newer(version, schema, where)
+        c.execute("BEGIN")
+        try:
+            c.execute("SELECT pg_advisory_xact_lock(hashtext('agentstate:' || current_schema()))")
+            version = _version(c, schema)  # another client may have set it up meanwhile
+            _refuse_newer(version, schema, where)
+            if version == 0:
+                clash = c.execute("SELECT string_agg(tablename, ', ') FROM pg_tables "
+                                  "WHERE schemaname = current_schema() AND tablename = ANY(%s)",
+                                  (list(OUR_TABLES),)).fetchone()[0]
+                if clash:
+                    raise Damaged(f"{where}: schema {schema!r} has tables named {clash} but is not "
+                                  "an agentstate store: use another schema")
+                c.execute(SCHEMA)
+                version = SCHEMA_VERSION
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](c)
+                version += 1
+                c.execute("UPDATE agentstate_version SET version = %s", (version,))
+            c.execute("COMMIT")
+        except BaseException:
+            _quiet_rollback(c)
+            raise
+    except psycopg.Error as e:
+        raise translate(e) from None
+    return schema
+
+
+def _version(c: psycopg.Connection, schema: str) -> int:
+    exists = c.execute("SELECT to_regclass(format('%I.agentstate_version', current_schema()))"
+                       ).fetchone()[0]
+    if exists is None:
+        return 0
+    row = c.execute(psycopg.sql.SQL("SELECT version FROM {}.agentstate_version").format(
+        psycopg.sql.Identifier(schema))).fetchone()
+    return 0 if row is None else row[0]
+
+
+def _refuse_newer(version: int, schema: str, where: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(f"{where}: schema {schema!r} has agentstate schema version {version}; "
+                           f"this agentstate knows up to {SCHEMA_VERSION}: upgrade agentstate")
+
+
+# -- waiting for commits -----------------------------------------------------------
+
+
+class NotifyWaiter:
+    """Waits for a commit by any client of the store: LISTEN on its channel.
+
+    A notification is only a wake-up (the table is the feed): ``mark`` counts
+    the ones received so far, ``wait`` returns once one more arrives. A
+    connection of its own; a lost one is opened again, and the wake-up it
+    may have missed is assumed (the caller looks again).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.count = 0
+        self.conn = self._listen()
+
+    def _listen(self) -> psycopg.Connection:
+        c = self.store._connect()
+        try:
+            c.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.store.channel)))
+        except psycopg.Error as e:
+            c.close()
+            raise translate(e) from None
+        return c
+
+    def _drain(self) -> None:
+        """Count what has arrived, without blocking; reconnect if the connection broke."""
+        pg = self.conn.pgconn
+        try:
+            pg.consume_input()
+            while pg.notifies() is not None:
+                self.count += 1
+            if pg.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the connection is broken")
+        except psycopg.Error:
+            self.conn.close()
+            self.conn = self._listen()
+            self.count += 1  # something may have been missed meanwhile: look again
+
+    def mark(self) -> int:
+        self._drain()
+        return self.count
+
+    def wait(self, mark: int, deadline: float | None) -> bool:
+        """Until a notification after ``mark`` (True) or the monotonic ``deadline`` (False)."""
+        while True:
+            self._drain()
+            if self.count > mark:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            select.select([self.conn.fileno()], [], [], left)
+
+    async def await_change(self, mark: int) -> None:
+        """The same, on the event loop: it sleeps until the socket has something to read."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        while True:
+            self._drain()
+            if self.count > mark:
+                return
+            ready = loop.create_future()
+            fd = self.conn.fileno()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,864 @@
+-- agentstate schema for PostgreSQL: the one and only copy. The package applies
+-- this file to a new store in one transaction, under an advisory lock; the
+-- agentstate_version row (last statement) is the schema version that
+-- migrations compare against. The same store as schema.sql, table for table.
+--
+-- Every object is created in the connection's current schema (the first
+-- schema of search_path), so `?options=-csearch_path%3Dname` in the URL keeps
+-- stores apart in one database. Functions name tables without a schema: they
+-- run with the caller's search_path, which is the store's.
+--
+-- Conventions: values are `json` (the text exactly as given: never jsonb,
+-- which reorders keys and turns 1e16 into an integer); bytes are bytea; times
+-- are timestamptz from the server's clock; keys and ids sort bytewise
+-- (COLLATE "C"), as on SQLite. Every write is one call of a function below,
+-- so a write is one round trip and one statement; the functions lock rows
+-- (SELECT ... FOR UPDATE, ON CONFLICT), never tables.
+--
+-- Refusals raise SQLSTATE P0001 with HINT 'agentstate:<error class>' (VersionConflict,
+-- HistoryGap, ...) and, where the error carries a fact (a version, a turn id, a
+-- size), that fact in DETAIL; the client raises that error.
+
+-- The schema version of this store (one row).
+CREATE TABLE agentstate_version (
+    version integer NOT NULL
+);
+CREATE UNIQUE INDEX agentstate_version_one ON agentstate_version ((true));
+
+-- Keys of scoped state: one row per live (kind, scope_id, key).
+CREATE TABLE kv (
+    kind       text COLLATE "C" NOT NULL CHECK (kind IN ('thread', 'session', 'agent', 'user', 'app')),
+    scope_id   text COLLATE "C" NOT NULL,
+    key        text COLLATE "C" NOT NULL,
+    version    bigint  NOT NULL CHECK (version >= 1),  -- +1 on every write of the key
+    type       text    NOT NULL CHECK (type IN ('json', 'bytes', 'list')),
+    value      json,     -- json: the value's JSON text
+    data       bytea,    -- bytes: the bytes
+    list_id    bigint,   -- list: the list_id of its items (list_item)
+    length     bigint,   -- list: number of items
+    size       integer NOT NULL CHECK (size >= 0),  -- bytes of the compact JSON (a list: of the whole list)
+    updated_at timestamptz NOT NULL,
+    expires_at timestamptz,  -- from then on the key is absent to every reader; NULL: never
+    PRIMARY KEY (kind, scope_id, key),
+    CHECK ((type = 'list') = (list_id IS NOT NULL)),
+    CHECK ((type = 'list') = (length IS NOT NULL)),
+    CHECK ((type = 'json') = (value IS NOT NULL)),
+    CHECK ((type = 'bytes') = (data IS NOT NULL))
+);
+CREATE UNIQUE INDEX kv_list ON kv (list_id) WHERE list_id IS NOT NULL;
+CREATE INDEX kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Items of list values, one row per item, idx 0..length-1: an append writes
+-- only the new items, a slice reads only what it returns.
+CREATE TABLE list_item (
+    list_id bigint NOT NULL,
+    idx     bigint NOT NULL CHECK (idx >= 0),
+    item    json   NOT NULL,  -- JSON text of one item
+    PRIMARY KEY (list_id, idx)
+);
+CREATE SEQUENCE list_seq;  -- a new list takes the next list_id
+
+-- The last version of each deleted (or expired) key: a re-created key
+-- continues above it, so a stale if_version never matches a re-created key.
+CREATE TABLE kv_deleted (
+    kind     text COLLATE "C" NOT NULL,
+    scope_id text COLLATE "C" NOT NULL,
+    key      text COLLATE "C" NOT NULL,
+    version  bigint NOT NULL,
+    PRIMARY KEY (kind, scope_id, key)
+);
+
+-- Agent runs: one row per run, holding the replaceable snapshot. A run write
+-- locks this row, so two writers of one run take turns.
+CREATE TABLE run (
+    id         text COLLATE "C" PRIMARY KEY,
+    snapshot   json,                -- a JSON object, or NULL before the first one
+    next_seq   bigint  NOT NULL DEFAULT 0 CHECK (next_seq >= 0),  -- entries: first_seq..next_seq-1
+    format     integer NOT NULL DEFAULT 1,  -- run record format; a newer one is refused by load()
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    first_seq  bigint  NOT NULL DEFAULT 0,  -- trim() moves it up
+    CHECK (first_seq >= 0 AND first_seq <= next_seq)
+);
+
+-- The append-only history of a run: the primary key makes a duplicate seq
+-- impossible and the trigger below a gap, whoever writes.
+CREATE TABLE run_entry (
+    run_id text COLLATE "C" NOT NULL REFERENCES run (id) ON DELETE CASCADE,
+    seq    bigint NOT NULL CHECK (seq >= 0),
+    entry  json   NOT NULL,  -- a JSON object, including its own "seq"
+    PRIMARY KEY (run_id, seq)
+);
+
+-- No gap, whoever writes: every inserted entry needs its predecessor, except
+-- the first one kept (seq first_seq: 0, or where trim() cut the history).
+-- Once per statement, over the statement's new rows.
+CREATE FUNCTION run_entry_contiguous() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM new_entries n JOIN run r ON r.id = n.run_id
+        WHERE n.seq < r.first_seq
+           OR (n.seq > r.first_seq AND NOT EXISTS (
+                   SELECT 1 FROM run_entry e WHERE e.run_id = n.run_id AND e.seq = n.seq - 1)))
+    THEN
+        RAISE EXCEPTION 'history gap: seq must follow the last stored entry'
+            USING ERRCODE = 'integrity_constraint_violation', HINT = 'agentstate:HistoryGap';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER run_entry_contiguous AFTER INSERT ON run_entry
+    REFERENCING NEW TABLE AS new_entries FOR EACH STATEMENT EXECUTE FUNCTION run_entry_contiguous();
+
+-- Sessions, owned by the principal (by name) that created them.
+CREATE TABLE session (
+    id         text COLLATE "C" PRIMARY KEY,
+    owner      text COLLATE "C" NOT NULL,
+    created_at timestamptz NOT NULL,
+    metadata   json NOT NULL DEFAULT '{}'  -- a JSON object
+);
+CREATE INDEX session_by_owner ON session (owner, created_at);
+
+-- Turns of a session: queued -> running -> finished | failed; running -> held
+-- -> decided -> resuming -> finished | failed; a queued, running or resuming
+-- turn whose lease lapsed becomes 'expired'.
+CREATE TABLE turn (
+    id          text COLLATE "C" PRIMARY KEY,
+    session_id  text COLLATE "C" NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    n           bigint NOT NULL,  -- 1, 2, ... within the session
+    status      text   NOT NULL CHECK (status IN ('queued', 'running', 'held', 'decided',
+                                                  'resuming', 'finished', 'failed', 'expired')),
+    input       json,
+    request     json,  -- set by hold()
+    decision    json,  -- set by decide()
+    result      json,  -- set by finish()
+    error       text,  -- set by fail()
+    lease       double precision,  -- seconds a lease lasts; heartbeat() renews by this much
+    lease_until timestamptz,       -- a queued/running/resuming turn past it is expired
+    created_at  timestamptz NOT NULL,
+    updated_at  timestamptz NOT NULL,
+    UNIQUE (session_id, n)
+);
+
+-- One turn at a time, across machines: at most one queued or running turn per session.
+CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
+
+-- The change feed (SPEC §9): one row per committed change, in commit order.
+-- A seq is handed out by feed_head (one row) as the very last thing a write
+-- transaction does, and the row stays locked until that transaction has
+-- committed: so seqs become visible in the order they were handed out, and a
+-- reader that has seen seq N never later finds a change <= N appear. (A plain
+-- sequence does not promise that: a later number can commit first.) Rows hold
+-- no values; old rows are purged a few per write.
+CREATE TABLE change (
+    seq      bigint PRIMARY KEY,
+    at       timestamptz NOT NULL,  -- commit time
+    topic    text NOT NULL CHECK (topic IN ('kv', 'run', 'session')),
+    op       text NOT NULL,  -- kv: put delete append pop touch expire; run: create write delete fork
+                             -- trim; session: create delete, or the turn's new status
+    kind     text COLLATE "C",  -- kv: the scope kind
+    scope_id text COLLATE "C",  -- kv: the scope id; run: the run id; session: the session id
+    key      text COLLATE "C",  -- kv: the key; session: the turn id (NULL for the session itself)
+    version  bigint,  -- kv: the key's version after the write (delete, expire: the last it had)
+    start    bigint,  -- append/pop: first index; run: first seq; else NULL
+    count    bigint   -- how many items or entries from start
+);
+
+-- The newest seq handed out: never handed out again, even once purged.
+CREATE TABLE feed_head (
+    last bigint NOT NULL CHECK (last >= 0)
+);
+CREATE UNIQUE INDEX feed_head_one ON feed_head ((true));
+INSERT INTO feed_head VALUES (0);
+
+-- Changes of a transaction() block, held until it commits (unlogged: they
+-- never outlive their transaction). Only the block's own rows are visible to
+-- it, and it moves them into `change` right before COMMIT.
+CREATE UNLOGGED TABLE change_pending (
+    id       bigserial PRIMARY KEY,
+    topic    text NOT NULL,
+    op       text NOT NULL,
+    kind     text,
+    scope_id text,
+    key      text,
+    version  bigint,
+    start    bigint,
+    count    bigint
+);
+
+-- Settings every client of the store agrees on (SPEC §10); absent: the default.
+CREATE TABLE setting (
+    name  text COLLATE "C" PRIMARY KEY,
+    value bigint NOT NULL
+);
+
+-- Tokens of the HTTP API (SPEC §12). Only a hash is kept: the token itself is
+-- shown once, when it is created.
+CREATE TABLE token (
+    hash       text COLLATE "C" PRIMARY KEY,  -- sha256 of the token, hex
+    name       text COLLATE "C" NOT NULL,     -- the principal it acts as
+    admin      boolean NOT NULL,
+    created_at timestamptz NOT NULL
+);
+CREATE INDEX token_by_name ON token (name);
+
+-- One change, as the write functions collect them.
+CREATE TYPE change_row AS (
+    topic text, op text, kind text, scope_id text, key text, version bigint, start bigint, count bigint
+);
+
+-- Times as the store shows them: ISO-8601 UTC with microseconds and a Z.
+CREATE FUNCTION iso_utc(t timestamptz) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+-- The NOTIFY channel of this store: watchers LISTEN on it (a wake-up only).
+CREATE FUNCTION feed_channel() RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT 'agentstate_' || substr(md5(current_schema()), 1, 20)
+$$;
+
+-- Refuse a write: the caller's statement (and its transaction, or savepoint) is rolled back.
+CREATE FUNCTION agentstate_error(p_code text, p_message text, p_detail text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = p_message, HINT = 'agentstate:' || p_code,
+                          DETAIL = coalesce(p_detail, '');
+END $$;
+
+-- Bytes as text for the state view: UTF-8 text as it is, anything else as \x hex.
+CREATE FUNCTION bytes_text(b bytea) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN convert_from(b, 'UTF8');
+EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
+    RETURN '\x' || encode(b, 'hex');
+END $$;
+
+-- Append changes to the feed: seqs from feed_head, whose row lock is held
+-- until this transaction commits. Called last by each write (or at COMMIT
+-- for a transaction() block, which sets agentstate.block): a writer waits
+-- here only for the writers ahead of it to commit, never while it holds
+-- other locks that those writers need.
+CREATE FUNCTION feed_append(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_n    integer := coalesce(cardinality(ch), 0);
+    v_last bigint;
+BEGIN
+    IF v_n = 0 OR EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0) THEN
+        RETURN;
+    END IF;
+    UPDATE feed_head SET last = last + v_n RETURNING last INTO v_last;
+    INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count)
+    SELECT v_last - v_n + u.ord, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key,
+           u.version, u.start, u.count
+    FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord);
+    PERFORM pg_notify(feed_channel(), '');
+END $$;
+
+-- What each write calls with its changes: to the feed now, or (inside a
+-- transaction() block) held in change_pending until feed_flush() at COMMIT.
+CREATE FUNCTION feed_add(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('agentstate.block', true) = 'on' THEN
+        INSERT INTO change_pending (topic, op, kind, scope_id, key, version, start, count)
+        SELECT u.topic, u.op, u.kind, u.scope_id, u.key, u.version, u.start, u.count
+        FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord)
+        ORDER BY u.ord;
+    ELSE
+        PERFORM feed_append(ch);
+    END IF;
+END $$;
+
+-- A transaction() block's changes, right before its COMMIT.
+CREATE FUNCTION feed_flush() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    ch change_row[];
+BEGIN
+    WITH moved AS (DELETE FROM change_pending RETURNING *)
+    SELECT array_agg(ROW(topic, op, kind, scope_id, key, version, start, count)::change_row ORDER BY id)
+    INTO ch FROM moved;
+    PERFORM feed_append(ch);
+END $$;
+
+-- Delete a key's row (and a list's items), remembering its version; its change.
+CREATE FUNCTION kv_remove(r kv, p_op text) RETURNS change_row LANGUAGE plpgsql AS $$
+BEGIN
+    IF r.list_id IS NOT NULL THEN
+        DELETE FROM list_item WHERE list_id = r.list_id;
+    END IF;
+    DELETE FROM kv WHERE kind = r.kind AND scope_id = r.scope_id AND key = r.key;
+    INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (r.kind, r.scope_id, r.key, r.version + 1)
+    ON CONFLICT (kind, scope_id, key) DO UPDATE SET version = excluded.version;
+    RETURN ROW('kv', p_op, r.kind, r.scope_id, r.key, r.version, NULL, NULL)::change_row;
+END $$;
+
+-- The version a created key gets: above any it had before a delete or expiry.
+CREATE FUNCTION kv_next_version(p_kind text, p_sid text, p_key text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT 1 + coalesce((SELECT version FROM kv_deleted
+                         WHERE kind = p_kind AND scope_id = p_sid AND key = p_key), 0)
+$$;
+
+-- Write a value (p_items: a list's item texts); the new version.
+-- p_ttl: seconds from now, or NULL (never); p_keep: keep the key's expiry.
+CREATE FUNCTION kv_put(p_kind text, p_sid text, p_key text, p_type text, p_value json, p_data bytea,
+                       p_size bigint, p_items text[], p_if_version bigint, p_ttl double precision,
+                       p_keep boolean) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_expires timestamptz := CASE WHEN p_ttl IS NULL OR p_keep THEN NULL
+                                  ELSE now() + p_ttl * interval '1 second' END;
+    v_version bigint;
+    v_list    bigint;
+    v_length  bigint;
+    r         kv;
+    ch        change_row[] := '{}';
+BEGIN
+    IF p_items IS NULL THEN  -- one statement, unless a list or an expired row is replaced or CAS failed
+        IF p_if_version IS NULL AND NOT p_keep THEN
+            INSERT INTO kv AS k (kind, scope_id, key, version, type, value, data, size, updated_at, expires_at)
+            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
+                    p_size, clock_timestamp(), v_expires)
+            ON CONFLICT (kind, scope_id, key) DO UPDATE
+            SET version = k.version + 1, type = excluded.type, value = excluded.value, data = excluded.data,
+                size = excluded.size, updated_at = excluded.updated_at, expires_at = excluded.expires_at
+            WHERE k.type <> 'list' AND (k.expires_at IS NULL OR k.expires_at > now())
+            RETURNING version INTO v_version;
+        ELSIF p_if_version = 0 THEN
+            INSERT INTO kv (kind, scope_id, key, version, type, value, data, size, updated_at, expires_at)
+            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
+                    p_size, clock_timestamp(), v_expires)
+            ON CONFLICT (kind, scope_id, key) DO NOTHING
+            RETURNING version INTO v_version;
+        ELSIF p_if_version IS NOT NULL THEN
+            UPDATE kv SET version = version + 1, type = p_type, value = p_value, data = p_data, size = p_size,
+                          updated_at = clock_timestamp(),
+                          expires_at = CASE WHEN p_keep THEN expires_at ELSE v_expires END
+            WHERE kind = p_kind AND scope_id = p_sid AND key = p_key AND version = p_if_version
+              AND type <> 'list' AND (expires_at IS NULL OR expires_at > now())
+            RETURNING version INTO v_version;
+        END IF;
+        IF v_version IS NOT NULL THEN
+            PERFORM feed_add(ARRAY[ROW('kv', 'put', p_kind, p_sid, p_key, v_version, NULL, NULL)::change_row]);
+            RETURN v_version;
+        END IF;
+    END IF;
+    LOOP  -- again only when another writer created the key meanwhile
+        SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
+        IF r.expires_at <= now() THEN
+            ch := ch || kv_remove(r, 'expire');
+            r := NULL;
+        END IF;
+        IF p_if_version IS NOT NULL AND p_if_version <> coalesce(r.version, 0) THEN
+            PERFORM agentstate_error('VersionConflict',
+                format('put %s:%s %s: expected version %s, the current version is %s',
+                       p_kind, p_sid, p_key, p_if_version, coalesce(r.version, 0)),
+                coalesce(r.version, 0)::text);
+        END IF;
+        IF r.list_id IS NOT NULL THEN
+            DELETE FROM list_item WHERE list_id = r.list_id;
+        END IF;
+        v_list := NULL;
+        v_length := NULL;
+        IF p_items IS NOT NULL THEN
+            v_length := cardinality(p_items);
+            v_list := coalesce(r.list_id, nextval('list_seq'));
+        END IF;
+        IF r.version IS NULL THEN
+            INSERT INTO kv (kind, scope_id, key, version, type, value, data, list_id, length, size,
+                            updated_at, expires_at)
+            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
+                    v_list, v_length, p_size, clock_timestamp(), v_expires)
+            ON CONFLICT (kind, scope_id, key) DO NOTHING
+            RETURNING version INTO v_version;
+            CONTINUE WHEN v_version IS NULL;
+        ELSE
+            v_version := r.version + 1;
+            UPDATE kv SET version = v_version, type = p_type, value = p_value, data = p_data,
+                          list_id = v_list, length = v_length, size = p_size, updated_at = clock_timestamp(),
+                          expires_at = CASE WHEN p_keep THEN expires_at ELSE v_expires END
+            WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
+        END IF;
+        IF p_items IS NOT NULL THEN
+            INSERT INTO list_item (list_id, idx, item)
+            SELECT v_list, u.ord - 1, u.item::json FROM unnest(p_items) WITH ORDINALITY AS u(item, ord);
+        END IF;
+        ch := ch || ROW('kv', 'put', p_kind, p_sid, p_key, v_version,
+                        CASE WHEN p_items IS NOT NULL THEN 0 END, v_length)::change_row;
+        PERFORM feed_add(ch);
+        RETURN v_version;
+    END LOOP;
+END $$;
+
+-- Remove a key (and a list's items), remembering its version; whether it existed.
+CREATE FUNCTION kv_delete(p_kind text, p_sid text, p_key text, p_if_version bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    r  kv;
+    ch change_row[] := '{}';
+BEGIN
+    SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
+    IF r.expires_at <= now() THEN
+        ch := ch || kv_remove(r, 'expire');
+        r := NULL;
+    END IF;
+    IF p_if_version IS NOT NULL AND p_if_version <> coalesce(r.version, 0) THEN
+        PERFORM agentstate_error('VersionConflict',
+            format('delete %s:%s %s: expected version %s, the current version is %s',
+                   p_kind, p_sid, p_key, p_if_version, coalesce(r.version, 0)),
+            coalesce(r.version, 0)::text);
+    END IF;
+    IF r.version IS NOT NULL THEN
+        ch := ch || kv_remove(r, 'delete');
+    END IF;
+    PERFORM feed_add(ch);
+    RETURN r.version IS NOT NULL;
+END $$;
+
+-- Set a live key's expiry p_ttl seconds from now (NULL: never), value and
+-- version unchanged; its version, or NULL when absent.
+CREATE FUNCTION kv_touch(p_kind text, p_sid text, p_key text, p_ttl double precision)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_version bigint;
+BEGIN
+    UPDATE kv SET expires_at = CASE WHEN p_ttl IS NULL THEN NULL ELSE now() + p_ttl * interval '1 second' END
+    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key AND (expires_at IS NULL OR expires_at > now())
+    RETURNING version INTO v_version;
+    IF v_version IS NOT NULL THEN
+        PERFORM feed_add(ARRAY[ROW('kv', 'touch', p_kind, p_sid, p_key, v_version, NULL, NULL)::change_row]);
+    END IF;
+    RETURN v_version;
+END $$;
+
+-- Add items at the end of a list (created if absent), under the key's row
+-- lock; (length, version) after. p_items_size: bytes of the JSON of
+-- [items]. p_ttl: seconds from now, or NULL to keep the key's expiry.
+CREATE FUNCTION kv_append(p_kind text, p_sid text, p_key text, p_items text[], p_items_size bigint,
+                          p_ttl double precision, OUT o_length bigint, OUT o_version bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n       bigint := cardinality(p_items);
+    v_expires timestamptz := now() + p_ttl * interval '1 second';  -- NULL when p_ttl is NULL
+    v_length  bigint;
+    v_size    bigint;
+    v_list    bigint;
+    r         kv;
+    ch        change_row[] := '{}';
+BEGIN
+    LOOP  -- again only when another writer created the key meanwhile
+        SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
+        IF r.expires_at <= now() THEN
+            ch := ch || kv_remove(r, 'expire');
+            r := NULL;
+        END IF;
+        IF r.version IS NULL THEN
+            v_length := 0;
+            v_size := 2;
+        ELSE
+            IF r.type <> 'list' THEN
+                PERFORM agentstate_error('NotAList',
+                    format('%s:%s %s holds a %s value, not a list', p_kind, p_sid, p_key, r.type));
+            END IF;
+            v_length := r.length;
+            v_size := r.size;
+            IF v_n = 0 THEN  -- nothing to add: only a new expiry, if one was asked for
+                IF p_ttl IS NOT NULL THEN
+                    UPDATE kv SET expires_at = v_expires
+                    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
+                    ch := ch || ROW('kv', 'touch', p_kind, p_sid, p_key, r.version, NULL, NULL)::change_row;
+                END IF;
+                PERFORM feed_add(ch);
+                o_length := v_length;
+                o_version := r.version;
+                RETURN;
+            END IF;
+        END IF;
+        -- p_items_size is the JSON of [items]: joining two lists drops one pair
+        -- of brackets and adds a comma when both are non-empty.
+        v_size := v_size + p_items_size - 2 + CASE WHEN v_length > 0 AND v_n > 0 THEN 1 ELSE 0 END;
+        IF v_size > 1048576 THEN
+            PERFORM agentstate_error('TooLarge',
+                format('the list would be %s bytes, over the limit of 1048576', v_size), v_size::text);
+        END IF;
+        IF r.version IS NULL THEN
+            v_list := nextval('list_seq');
+            INSERT INTO kv (kind, scope_id, key, version, type, list_id, length, size, updated_at, expires_at)
+            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), 'list', v_list, v_n, v_size,
+                    clock_timestamp(), v_expires)
+            ON CONFLICT (kind, scope_id, key) DO NOTHING
+            RETURNING version INTO o_version;
+            CONTINUE WHEN o_version IS NULL;
+        ELSE
+            v_list := r.list_id;
+            o_version := r.version + 1;
+            UPDATE kv SET version = o_version, length = v_length + v_n, size = v_size,
+                          updated_at = clock_timestamp(),
+                          expires_at = CASE WHEN p_ttl IS NULL THEN expires_at ELSE v_expires END
+            WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
+        END IF;
+        INSERT INTO list_item (list_id, idx, item)
+        SELECT v_list, v_length + u.ord - 1, u.item::json FROM unnest(p_items) WITH ORDINALITY AS u(item, ord);
+        ch := ch || ROW('kv', 'append', p_kind, p_sid, p_key, o_version, v_length, v_n)::change_row;
+        PERFORM feed_add(ch);
+        o_length := v_length + v_n;
+        RETURN;
+    END LOOP;
+END $$;
+
+-- Remove the last p_n items of a list: their texts in list order, and the version.
+CREATE FUNCTION kv_pop(p_kind text, p_sid text, p_key text, p_n bigint,
+                       OUT o_items text[], OUT o_version bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r      kv;
+    v_k    bigint;
+    v_left bigint;
+    v_size bigint;
+    ch     change_row[] := '{}';
+BEGIN
+    o_items := '{}';
+    SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
+    IF r.expires_at <= now() THEN
+        ch := ch || kv_remove(r, 'expire');
+        r := NULL;
+    END IF;
+    IF r.version IS NULL THEN
+        PERFORM feed_add(ch);
+        o_version := 0;
+        RETURN;
+    END IF;
+    IF r.type <> 'list' THEN
+        PERFORM agentstate_error('NotAList',
+            format('%s:%s %s holds a %s value, not a list', p_kind, p_sid, p_key, r.type));
+    END IF;
+    v_k := least(p_n, r.length);
+    IF v_k = 0 THEN
+        o_version := r.version;
+        RETURN;
+    END IF;
+    v_left := r.length - v_k;
+    WITH gone AS (DELETE FROM list_item WHERE list_id = r.list_id AND idx >= v_left RETURNING idx, item)
+    SELECT array_agg(item::text ORDER BY idx), sum(octet_length(item::text)) INTO o_items, v_size FROM gone;
+    -- The JSON of the list loses the items' bytes and one comma each.
+    v_size := CASE WHEN v_left = 0 THEN 2 ELSE r.size - v_size - v_k END;
+    o_version := r.version + 1;
+    UPDATE kv SET version = o_version, length = v_left, size = v_size, updated_at = clock_timestamp()
+    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
+    ch := ch || ROW('kv', 'pop', p_kind, p_sid, p_key, o_version, v_left, v_k)::change_row;
+    PERFORM feed_add(ch);
+END $$;
+
+-- Delete every key of a scope (and list items), remembering versions: their changes.
+CREATE FUNCTION kv_drop_scope(p_kind text, p_sid text) RETURNS change_row[] LANGUAGE plpgsql AS $$
+DECLARE
+    r  kv;
+    ch change_row[] := '{}';
+BEGIN
+    FOR r IN SELECT * FROM kv WHERE kind = p_kind AND scope_id = p_sid ORDER BY key FOR UPDATE LOOP
+        ch := ch || kv_remove(r, CASE WHEN r.expires_at <= now() THEN 'expire' ELSE 'delete' END);
+    END LOOP;
+    RETURN ch;
+END $$;
+
+-- Expire up to p_batch keys whose time has come, soonest first (skipping
+-- keys another writer holds: it settles them itself); their changes.
+CREATE FUNCTION kv_purge_expired(p_batch bigint) RETURNS change_row[] LANGUAGE plpgsql AS $$
+DECLARE
+    r  kv;
+    ch change_row[] := '{}';
+BEGIN
+    FOR r IN SELECT * FROM kv WHERE expires_at <= now() ORDER BY expires_at LIMIT p_batch
+             FOR UPDATE SKIP LOCKED LOOP
+        ch := ch || kv_remove(r, 'expire');
+    END LOOP;
+    RETURN ch;
+END $$;
+
+-- Add history entries not yet stored and replace the snapshot (NULL keeps
+-- it), under the run's row lock. o_end: the next seq. Entries re-sent with a
+-- stored seq whose text differs from the stored one are returned in
+-- o_differs with nothing written: the caller compares them as JSON values.
+CREATE FUNCTION run_write(p_id text, p_seqs bigint[], p_entries text[], p_snapshot json, p_create boolean,
+                          OUT o_end bigint, OUT o_differs bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_next  bigint;
+    v_first bigint;
+    v_count bigint;
+    v_want  bigint;
+    v_got   bigint;
+    v_now   timestamptz := clock_timestamp();
+BEGIN
+    SELECT next_seq, first_seq INTO v_next, v_first FROM run WHERE id = p_id FOR UPDATE;
+    IF p_create THEN
+        IF FOUND THEN
+            PERFORM agentstate_error('RunExists', format('run %L exists already', p_id));
+        END IF;
+        v_next := 0;
+        v_first := 0;
+    ELSIF NOT FOUND THEN
+        PERFORM agentstate_error('RunNotFound', format('no run %L (create=True makes a new one)', p_id));
+    ELSE  -- re-sent entries below first_seq were trimmed away: nothing to compare them with
+        SELECT array_agg(u.seq ORDER BY u.seq) INTO o_differs
+        FROM unnest(p_seqs, p_entries) AS u(seq, entry)
+        LEFT JOIN run_entry e ON e.run_id = p_id AND e.seq = u.seq
+        WHERE u.seq >= v_first AND u.seq < v_next AND e.entry::text IS DISTINCT FROM u.entry;
+        IF o_differs IS NOT NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    SELECT n.seq, v_next + n.rn - 1 INTO v_got, v_want
+    FROM (SELECT u.seq, row_number() OVER (ORDER BY u.ord) AS rn
+          FROM unnest(p_seqs) WITH ORDINALITY AS u(seq, ord) WHERE u.seq >= v_next) n
+    WHERE n.seq <> v_next + n.rn - 1 ORDER BY n.rn LIMIT 1;
+    IF FOUND THEN
+        PERFORM agentstate_error('HistoryGap',
+            format('run %L: expected seq %s next (stored up to %s), got %s', p_id, v_want, v_next - 1, v_got));
+    END IF;
+    SELECT count(*) INTO v_count FROM unnest(p_seqs) AS s WHERE s >= v_next;
+    o_end := v_next + v_count;
+    IF p_create THEN
+        INSERT INTO run (id, snapshot, next_seq, created_at, updated_at)
+        VALUES (p_id, p_snapshot, o_end, v_now, v_now)
+        ON CONFLICT (id) DO NOTHING;
+        IF NOT FOUND THEN  -- another writer created it meanwhile
+            PERFORM agentstate_error('RunExists', format('run %L exists already', p_id));
+        END IF;
+    ELSE
+        UPDATE run SET snapshot = coalesce(p_snapshot, snapshot), next_seq = o_end, updated_at = v_now
+        WHERE id = p_id;
+    END IF;
+    IF v_count > 0 THEN
+        INSERT INTO run_entry (run_id, seq, entry)
+        SELECT p_id, u.seq, u.entry::json FROM unnest(p_seqs, p_entries) AS u(seq, entry)
+        WHERE u.seq >= v_next;
+    END IF;
+    PERFORM feed_add(ARRAY[ROW('run', CASE WHEN p_create THEN 'create' ELSE 'write' END, NULL, p_id, NULL,
+                               NULL, v_next, v_count)::change_row]);
+END $$;
+
+CREATE FUNCTION run_delete(p_id text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM run WHERE id = p_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM feed_add(ARRAY[ROW('run', 'delete', NULL, p_id, NULL, NULL, NULL, NULL)::change_row]);
+    RETURN true;
+END $$;
+
+-- Remove the entries with seq < p_before; the history then starts at that seq.
+CREATE FUNCTION run_trim(p_id text, p_before bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_next    bigint;
+    v_first   bigint;
+    v_new     bigint;
+BEGIN
+    SELECT next_seq, first_seq INTO v_next, v_first FROM run WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM agentstate_error('RunNotFound', format('no run %L', p_id));
+    END IF;
+    v_new := least(greatest(p_before, v_first), v_next);  -- never past the last entry: no gap
+    IF v_new = v_first THEN
+        RETURN 0;
+    END IF;
+    UPDATE run SET first_seq = v_new WHERE id = p_id;
+    DELETE FROM run_entry WHERE run_id = p_id AND seq < v_new;
+    PERFORM feed_add(ARRAY[ROW('run', 'trim', NULL, p_id, NULL, NULL, v_new, v_new - v_first)::change_row]);
+    RETURN v_new - v_first;
+END $$;
+
+-- Delete the runs last written before p_cutoff (only finished ones if asked); their ids.
+CREATE FUNCTION run_prune(p_cutoff timestamptz, p_finished_only boolean) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids text[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM run WHERE id IN (
+            SELECT id FROM run WHERE updated_at < p_cutoff
+               AND (NOT p_finished_only
+                    OR (json_typeof(snapshot -> 'finished') = 'boolean' AND (snapshot ->> 'finished') = 'true'))
+            FOR UPDATE)
+        RETURNING id, updated_at)
+    SELECT coalesce(array_agg(id ORDER BY updated_at, id), '{}') INTO v_ids FROM gone;
+    PERFORM feed_add(ARRAY(SELECT ROW('run', 'delete', NULL, i, NULL, NULL, NULL, NULL)::change_row
+                           FROM unnest(v_ids) WITH ORDINALITY AS u(i, ord) ORDER BY ord));
+    RETURN v_ids;
+END $$;
+
+-- A new run with the entries up to and including p_upto (NULL: all) and the snapshot.
+CREATE FUNCTION run_fork(p_src text, p_new text, p_upto bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_snapshot json;
+    v_first    bigint;
+    v_next     bigint;
+    v_end      bigint;
+    v_now      timestamptz := clock_timestamp();
+BEGIN
+    SELECT snapshot, first_seq, next_seq INTO v_snapshot, v_first, v_next FROM run WHERE id = p_src FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM agentstate_error('RunNotFound', format('no run %L to fork', p_src));
+    END IF;
+    IF EXISTS (SELECT 1 FROM run WHERE id = p_new) THEN
+        PERFORM agentstate_error('RunExists', format('run %L exists already', p_new));
+    END IF;
+    IF p_upto IS NOT NULL AND p_upto < v_first THEN
+        PERFORM agentstate_error('HistoryGap',
+            format('run %L was trimmed: its history starts at seq %s, after upto=%s', p_src, v_first, p_upto));
+    END IF;
+    v_end := CASE WHEN p_upto IS NULL THEN v_next ELSE least(p_upto + 1, v_next) END;
+    INSERT INTO run (id, snapshot, next_seq, first_seq, created_at, updated_at)
+    VALUES (p_new, v_snapshot, v_end, v_first, v_now, v_now)
+    ON CONFLICT (id) DO NOTHING;
+    IF NOT FOUND THEN
+        PERFORM agentstate_error('RunExists', format('run %L exists already', p_new));
+    END IF;
+    INSERT INTO run_entry (run_id, seq, entry)
+    SELECT p_new, seq, entry FROM run_entry WHERE run_id = p_src AND seq < v_end ORDER BY seq;
+    PERFORM feed_add(ARRAY[ROW('run', 'fork', NULL, p_new, NULL, NULL, v_first, v_end - v_first)::change_row]);
+END $$;
+
+CREATE FUNCTION session_create(p_id text, p_owner text, p_metadata json) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO session (id, owner, created_at, metadata) VALUES (p_id, p_owner, v_now, p_metadata);
+    PERFORM feed_add(ARRAY[ROW('session', 'create', NULL, p_id, NULL, NULL, NULL, NULL)::change_row]);
+    RETURN iso_utc(v_now);
+END $$;
+
+-- The session, its turns (cascade) and its session-scope keys, remembering versions.
+CREATE FUNCTION session_delete(p_id text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    ch change_row[];
+BEGIN
+    ch := kv_drop_scope('session', p_id);
+    DELETE FROM session WHERE id = p_id;
+    IF FOUND THEN
+        ch := ch || ROW('session', 'delete', NULL, p_id, NULL, NULL, NULL, NULL)::change_row;
+    END IF;
+    PERFORM feed_add(ch);
+END $$;
+
+-- Insert a queued or running turn after expiring lapsed leases; SessionBusy
+-- (with the active turn's id) while another turn is queued or running.
+-- The session's row lock makes concurrent starts of one session take turns.
+CREATE FUNCTION turn_start(p_id text, p_session text, p_status text, p_input json, p_lease double precision)
+RETURNS turn LANGUAGE plpgsql AS $$
+DECLARE
+    t      turn;
+    v_now  timestamptz := clock_timestamp();
+    v_busy text;
+    ch     change_row[];
+BEGIN
+    PERFORM 1 FROM session WHERE id = p_session FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM agentstate_error('NotFound', format('no session %L', p_session));
+    END IF;
+    WITH lapsed AS (
+        UPDATE turn SET status = 'expired', updated_at = v_now
+        WHERE session_id = p_session AND status IN ('queued', 'running', 'resuming') AND lease_until < v_now
+        RETURNING id, n)
+    SELECT coalesce(array_agg(ROW('session', 'expired', NULL, p_session, id, NULL, NULL, NULL)::change_row
+                              ORDER BY n), '{}')
+    INTO ch FROM lapsed;
+    INSERT INTO turn (id, session_id, n, status, input, lease, lease_until, created_at, updated_at)
+    VALUES (p_id, p_session, 1 + coalesce((SELECT max(n) FROM turn WHERE session_id = p_session), 0),
+            p_status, p_input, p_lease, v_now + p_lease * interval '1 second', v_now, v_now)
+    ON CONFLICT (session_id) WHERE status IN ('queued', 'running') DO NOTHING
+    RETURNING * INTO t;
+    IF t.id IS NULL THEN
+        SELECT id INTO v_busy FROM turn WHERE session_id = p_session AND status IN ('queued', 'running');
+        PERFORM agentstate_error('SessionBusy',
+            format('session %L has an active turn %L', p_session, v_busy), v_busy);
+    END IF;
+    PERFORM feed_add(ch || ROW('session', p_status, NULL, p_session, p_id, NULL, NULL, NULL)::change_row);
+    RETURN t;
+END $$;
+
+-- Change a turn's state if it is in p_from (and its lease holds); p_sets
+-- names the columns of request, decision, result, error to set.
+CREATE FUNCTION turn_move(p_id text, p_from text[], p_to text, p_lease double precision, p_what text,
+                          p_sets text[], p_request json, p_decision json, p_result json, p_error text)
+RETURNS turn LANGUAGE plpgsql AS $$
+DECLARE
+    t     turn;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    UPDATE turn SET status = p_to, updated_at = v_now,
+                    lease_until = v_now + p_lease * interval '1 second',
+                    lease = coalesce(p_lease, lease),
+                    request = CASE WHEN 'request' = ANY (p_sets) THEN p_request ELSE request END,
+                    decision = CASE WHEN 'decision' = ANY (p_sets) THEN p_decision ELSE decision END,
+                    result = CASE WHEN 'result' = ANY (p_sets) THEN p_result ELSE result END,
+                    error = CASE WHEN 'error' = ANY (p_sets) THEN p_error ELSE error END
+    WHERE id = p_id AND status = ANY (p_from)
+      AND NOT (status IN ('queued', 'running', 'resuming') AND lease_until < v_now)
+    RETURNING * INTO t;
+    IF t.id IS NOT NULL THEN
+        PERFORM feed_add(ARRAY[ROW('session', p_to, NULL, t.session_id, p_id, NULL, NULL, NULL)::change_row]);
+        RETURN t;
+    END IF;
+    SELECT * INTO t FROM turn WHERE id = p_id;
+    IF t.id IS NULL THEN
+        PERFORM agentstate_error('NotFound', format('no turn %L', p_id));
+    END IF;
+    PERFORM agentstate_error('InvalidTransition', format('cannot %s turn %L: it is %s', p_what, p_id,
+        CASE WHEN t.status IN ('queued', 'running', 'resuming') AND t.lease_until < v_now THEN 'expired'
+             ELSE t.status END));
+END $$;
+
+-- The bounded housekeeping a write does now and then: up to p_batch feed
+-- rows past the retention, and up to p_batch expired keys; how many.
+CREATE FUNCTION feed_purge(p_batch bigint) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_retention bigint := coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800);
+    v_rows      integer;
+    ch          change_row[];
+BEGIN
+    DELETE FROM change WHERE seq IN (
+        SELECT seq FROM change ORDER BY seq LIMIT p_batch FOR UPDATE SKIP LOCKED)
+      AND at < now() - v_retention * interval '1 second';
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    ch := kv_purge_expired(p_batch);
+    PERFORM feed_add(ch);
+    RETURN v_rows + cardinality(ch);
+END $$;
+
+-- Views for people using psql (the same as schema.sql's for the sqlite3 shell).
+
+-- Every live key with its scope, value and version (expired keys left out).
+CREATE VIEW state AS
+SELECT kind, scope_id, key,
+       CASE type WHEN 'list' THEN (SELECT coalesce(json_agg(item ORDER BY idx), '[]'::json)
+                                   FROM list_item WHERE list_id = kv.list_id)
+                 WHEN 'bytes' THEN to_json(bytes_text(data))
+                 ELSE value END AS value,
+       type, version, length, size, iso_utc(updated_at) AS updated_at, iso_utc(expires_at) AS expires_at
+FROM kv
+WHERE expires_at IS NULL OR expires_at > now();
+
+-- Every history entry of every run, in order.
+CREATE VIEW run_history AS
+SELECT run_id, seq, entry ->> 'type' AS type, entry
+FROM run_entry;
+
+-- Runs with their snapshot's summary fields.
+CREATE VIEW runs AS
+SELECT id, snapshot ->> 'task' AS task, snapshot -> 'turn' AS turn, snapshot -> 'finished' AS finished,
+       next_seq - first_seq AS entries, first_seq, iso_utc(created_at) AS created_at,
+       iso_utc(updated_at) AS updated_at
+FROM run;
+
+-- Turns that block or may still act: queued, running, held, decided, resuming.
+CREATE VIEW active_turns AS
+SELECT t.session_id, s.owner, t.id AS turn_id, t.n, t.status, iso_utc(t.lease_until) AS lease_until,
+       t.lease_until < now() AS lease_lapsed, iso_utc(t.updated_at) AS updated_at
+FROM turn t JOIN session s ON s.id = t.session_id
+WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
+
+-- The change feed, as SPEC §9 names its columns.
+CREATE VIEW changes AS
+SELECT seq, iso_utc(at) AS at, topic, op, kind, scope_id, key, version, start, count FROM change;
+
+INSERT INTO agentstate_version (version) VALUES (1);
