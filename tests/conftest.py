@@ -43,3 +43,112 @@ def file_digest(path: str) -> str:
             h.update(Path(p).read_bytes())
         h.update(b"|")
     return h.hexdigest()
+
+
+# -- PostgreSQL (SPEC §11): one server per test run, a fresh schema per test ------
+
+def pg_unavailable(reason: str):
+    """In CI a missing server is a failure; elsewhere the PostgreSQL tests say why they did not run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"PostgreSQL is required in CI: {reason}", pytrace=False)
+    pytest.skip(f"PostgreSQL tests not run: {reason}")
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url():
+    """A superuser URL of the run's server: $DATABASE_URL, else a throwaway server."""
+    from . import pgserver
+
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        pg_unavailable("psycopg is not installed (pip install 'agentstate[postgres]')")
+    if os.environ.get("DATABASE_URL"):
+        yield os.environ["DATABASE_URL"]
+        return
+    bin_dir = pgserver.bindir()
+    if bin_dir is None:
+        pg_unavailable("no initdb/pg_ctl here: apt-get install postgresql, or set DATABASE_URL")
+    pgserver.sweep(bin_dir)
+    server = pgserver.Server(bin_dir).start()
+    yield server.admin_url
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str):
+    """The URL of a fresh, empty store: a new schema named in search_path."""
+    from . import pgserver
+
+    schema = pgserver.new_schema(pg_admin_url)
+    yield pgserver.schema_url(pg_admin_url, schema)
+    if os.environ.get("DATABASE_URL"):  # a throwaway server is deleted whole instead
+        pgserver.drop_schema(pg_admin_url, schema)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_db(request, tmp_path: Path):
+    """One store on each backend: an SQLite file in tmp_path, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        d = agentstate.open(str(tmp_path / "agent.db"))
+    else:
+        d = agentstate.open(request.getfixturevalue("pg_url"))
+    yield d
+    d.close()
+
+
+def on_postgres(db) -> bool:
+    return db.path.startswith(("postgresql://", "postgres://"))
+
+
+PG_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
+             "feed_head", "change_pending", "setting", "token")
+
+
+def digest(db) -> str:
+    """What a refused call must not change: the file and its WAL, or every table of the store."""
+    if not on_postgres(db):
+        return file_digest(db.path)
+    parts = [db._store.query(f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
+                             f"FROM {table} t")[0][0] for table in PG_TABLES]
+    parts.append(str(db._store.query("SELECT last_value FROM list_seq")[0][0]))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def target(db) -> str:
+    """What agentstate.open() takes to open the same store again (in another process too)."""
+    return db._store.url if on_postgres(db) else db.path
+
+
+class RawSQL:
+    """A plain driver connection to the store, as the sqlite3 shell or psql would be.
+
+    ``execute`` takes SQLite's ``?`` placeholders on both; ``refused`` is the
+    driver's error for a broken constraint (or trigger).
+    """
+
+    def __init__(self, db) -> None:
+        self.pg = on_postgres(db)
+        if self.pg:
+            import psycopg
+
+            self.c = psycopg.connect(target(db), autocommit=True)
+            self.refused = psycopg.errors.IntegrityError
+        else:
+            import apsw
+
+            self.c = apsw.Connection(db.path)
+            self.refused = apsw.ConstraintError
+
+    def execute(self, sql: str, args=()) -> list:
+        if not self.pg:
+            return self.c.execute(sql, args).fetchall()
+        cur = self.c.execute(sql.replace("?", "%s"), args)
+        return cur.fetchall() if cur.description else []
+
+    def __enter__(self) -> RawSQL:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.c.close()

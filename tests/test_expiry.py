@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
-import apsw
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -13,10 +13,24 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate.cli import cli
 
-from .conftest import file_digest
+from .conftest import RawSQL, digest, target
 
 ADMIN = agentstate.Principal("ops", admin=True)
 ALICE = agentstate.Principal("alice")
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema
+    (vacuum, a file's own, uses ``file_db``)."""
+    return any_db
+
+
+@pytest.fixture
+def file_db(db_path):
+    d = agentstate.open(db_path)
+    yield d
+    d.close()
 
 
 def _expired(db, kv, key, ttl=0.05):
@@ -24,7 +38,7 @@ def _expired(db, kv, key, ttl=0.05):
     time.sleep(ttl + 0.05)
 
 
-def test_an_expired_key_is_absent_to_every_reader(db, db_path):
+def test_an_expired_key_is_absent_to_every_reader(db):
     kv = db.scope("thread", "t1")
     kv.put("keep", 1)
     kv.append("list", [1, 2], ttl=0.05)
@@ -37,12 +51,11 @@ def test_an_expired_key_is_absent_to_every_reader(db, db_path):
     assert agentstate.ThreadStateClient("t1", db).list() == ["keep"]
     with db.transaction():
         assert kv.get("k") is None
-    c = apsw.Connection(db_path)
-    assert c.execute("SELECT key FROM state").fetchall() == [("keep",)]
-    c.close()
-    r = CliRunner().invoke(cli, ["--db", db_path, "get", "thread:t1", "k"])
+    with RawSQL(db) as c:
+        assert c.execute("SELECT key FROM state") == [("keep",)]
+    r = CliRunner().invoke(cli, ["--db", target(db), "get", "thread:t1", "k"])
     assert r.exit_code == 1 and "not_found" in r.stderr
-    r = CliRunner().invoke(cli, ["--db", db_path, "--json", "keys", "thread:t1"])
+    r = CliRunner().invoke(cli, ["--db", target(db), "--json", "keys", "thread:t1"])
     assert r.stdout.strip() == '["keep"]'
 
 
@@ -82,51 +95,52 @@ def test_ttl_rules_for_put_append_touch_and_update(db):
     assert kv.get("l") is None and kv.touch("l", 10) is False
 
 
+EXAMPLES = itertools.count()
+
+
 @settings(max_examples=50)
 @given(ttl=st.one_of(st.floats(allow_nan=True), st.integers(-5, 5), st.booleans(), st.text(max_size=3),
                      st.just(float("inf")), st.just(1e12)))
-def test_bad_ttls_are_refused_and_change_nothing(tmp_path_factory, ttl):
-    path = str(tmp_path_factory.mktemp("ttl") / "t.db")
-    with agentstate.open(path) as db:
-        kv = db.scope("app", "a")
-        kv.put("k", 1)
-        good = not isinstance(ttl, (bool, str)) and ttl == ttl and 0 < ttl <= 1e11
-        before = file_digest(path)
-        calls = (lambda: kv.put("k", 2, ttl=ttl), lambda: kv.append("l", [1], ttl=ttl),
-                 lambda: kv.touch("k", ttl), lambda: kv.put_bytes("b", b"1", ttl=ttl))
-        for call in calls:
-            if good:
+def test_bad_ttls_are_refused_and_change_nothing(db, ttl):
+    kv = db.scope("app", f"a{next(EXAMPLES)}")  # a new scope per example
+    kv.put("k", 1)
+    good = not isinstance(ttl, (bool, str)) and ttl == ttl and 0 < ttl <= 1e11
+    before = digest(db)
+    calls = (lambda: kv.put("k", 2, ttl=ttl), lambda: kv.append("l", [1], ttl=ttl),
+             lambda: kv.touch("k", ttl), lambda: kv.put_bytes("b", b"1", ttl=ttl))
+    for call in calls:
+        if good:
+            call()
+        else:
+            with pytest.raises(agentstate.InvalidValue):
                 call()
-            else:
-                with pytest.raises(agentstate.InvalidValue):
-                    call()
-                assert file_digest(path) == before
+            assert digest(db) == before
 
 
-def test_expired_rows_are_purged_as_writes_happen(db, db_path):
+def test_expired_rows_are_purged_as_writes_happen(db):
     kv = db.scope("agent", "churn")
     for i in range(200):
         kv.put(f"scratch{i}", i, ttl=0.01)
     time.sleep(0.05)
     for i in range(200):  # steady churn: the purge keeps up, a few rows per write
         kv.put(f"new{i}", i, ttl=0.01)
-    c = apsw.Connection(db_path)
-    rows = c.execute("SELECT count(*) FROM kv").get
-    c.close()
+    with RawSQL(db) as c:
+        rows = c.execute("SELECT count(*) FROM kv")[0][0]
     assert rows < 100, rows  # not 400: expired rows go as writes happen
     assert sum(1 for ch in db.changes(0, limit=10_000) if ch.op == "expire") >= 200
     assert db.check() == []
 
 
-def test_vacuum_purges_everything_expired(db, db_path):
+def test_vacuum_purges_everything_expired(file_db, db_path):
+    """agentstate vacuum rebuilds a file (a server vacuums itself: see test_postgres.py)."""
+    db = file_db
     kv = db.scope("app", "a")
     for i in range(50):
         kv.put(f"k{i}", "x" * 1000, ttl=0.01)
     time.sleep(0.05)
     db.vacuum()
-    c = apsw.Connection(db_path)
-    assert c.execute("SELECT count(*) FROM kv").get == 0
-    c.close()
+    with RawSQL(db) as c:
+        assert c.execute("SELECT count(*) FROM kv") == [(0,)]
 
 
 # -- runs ---------------------------------------------------------------------
@@ -158,14 +172,13 @@ def test_trim_keeps_a_contiguous_history(db):
     assert db.check() == []
 
 
-def test_check_finds_a_hole_made_by_hand(db, db_path):
+def test_check_finds_a_hole_made_by_hand(db):
     db.runs.write("r", [{"seq": i} for i in range(4)], None, create=True)
     db.runs.trim("r", before=1)
-    c = apsw.Connection(db_path)
-    c.execute("DELETE FROM run_entry WHERE run_id = 'r' AND seq = 2")
-    with pytest.raises(apsw.ConstraintError):  # the trigger: no entry below the first kept one
-        c.execute("INSERT INTO run_entry VALUES ('r', 0, '{\"seq\":0}')")
-    c.close()
+    with RawSQL(db) as c:
+        c.execute("DELETE FROM run_entry WHERE run_id = 'r' AND seq = 2")
+        with pytest.raises(c.refused):  # the trigger: no entry below the first kept one
+            c.execute("INSERT INTO run_entry VALUES ('r', 0, '{\"seq\":0}')")
     assert any("run r" in p for p in db.check())
 
 
@@ -199,9 +212,9 @@ def test_prune_sessions_only_idle_ones_and_only_for_admins(db):
     assert db.check() == []
 
 
-def test_command_prune_trim_settings(db_path):
-    with agentstate.open(db_path) as db:
-        db.runs.write("done", [{"seq": 0}, {"seq": 1}], {"finished": True}, create=True)
+def test_command_prune_trim_settings(db):
+    db_path = target(db)
+    db.runs.write("done", [{"seq": 0}, {"seq": 1}], {"finished": True}, create=True)
     time.sleep(1.1)
     run = lambda *a: CliRunner().invoke(cli, ["--db", db_path, *a])  # noqa: E731
     r = run("prune", "--runs-older-than", "1s", "--dry-run")

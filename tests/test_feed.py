@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import apsw
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -19,7 +18,15 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate.cli import cli
 
+from .conftest import RawSQL, target
+
 ALICE = agentstate.Principal("alice")
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema."""
+    return any_db
 
 
 def rows(db, since=0, **f):
@@ -122,12 +129,12 @@ def test_filters_and_paging(db):
         db.changes(kind="nope")
 
 
-def test_changes_view_in_sql(db, db_path):
+def test_changes_view_in_sql(db):
+    """The changes view, as the sqlite3 shell or psql reads it."""
     db.scope("app", "a").put("k", 1)
-    c = apsw.Connection(db_path)
-    got = c.execute("SELECT seq, at, topic, op, kind, scope_id, key, version FROM changes "
-                    "ORDER BY seq DESC LIMIT 20").fetchall()
-    c.close()
+    with RawSQL(db) as c:
+        got = c.execute("SELECT seq, at, topic, op, kind, scope_id, key, version FROM changes "
+                        "ORDER BY seq DESC LIMIT 20")
     assert got[0][0] == 1 and got[0][1].endswith("Z") and got[0][2:] == ("kv", "put", "app", "a", "k", 1)
 
 
@@ -160,18 +167,19 @@ def test_retention_purges_as_writes_happen_and_cursor_expires(db):
 @settings(max_examples=40)
 @given(value=st.one_of(st.integers(), st.floats(), st.text(max_size=5), st.booleans(), st.none(),
                        st.lists(st.integers(), max_size=2)))
-def test_setting_values(tmp_path_factory, value):
-    with agentstate.open(str(tmp_path_factory.mktemp("s") / "s.db")) as db:
-        ok = type(value) is int and 0 <= value <= 100 * 365 * 86400
-        if ok:
-            db.set_setting("feed_retention", value)
-            assert db.settings()["feed_retention"] == value
-        else:
-            with pytest.raises(agentstate.InvalidValue):
-                db.set_setting("feed_retention", value)
-            assert db.settings() == {"feed_retention": 604800}
+def test_setting_values(db, value):
+    """A good value is kept as given; a bad one (or an unknown name) changes nothing."""
+    db.set_setting("feed_retention", 604800)
+    ok = type(value) is int and 0 <= value <= 100 * 365 * 86400
+    if ok:
+        db.set_setting("feed_retention", value)
+        assert db.settings()["feed_retention"] == value
+    else:
         with pytest.raises(agentstate.InvalidValue):
-            db.set_setting("no_such_setting", 1)
+            db.set_setting("feed_retention", value)
+        assert db.settings() == {"feed_retention": 604800}
+    with pytest.raises(agentstate.InvalidValue):
+        db.set_setting("no_such_setting", 1)
 
 
 def _watch_in_child(path, since, q):
@@ -186,13 +194,13 @@ def test_watch_wakes_on_another_process_append(db):
     head = db.last_change()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_watch_in_child, args=(db.path, head, q))
+    p = ctx.Process(target=_watch_in_child, args=(target(db), head, q))
     p.start()
     assert q.get(timeout=60) == "ready"
     time.sleep(0.3)
     db.scope("session", "s-42").put("other", 1)  # a change the filter does not match
     subprocess.run([sys.executable, "-c", "import agentstate, sys; agentstate.open(sys.argv[1])"
-                    ".scope('session', 's-42').append('history', [1, 2])", db.path], check=True)
+                    ".scope('session', 's-42').append('history', [1, 2])", target(db)], check=True)
     written = time.time()
     woke, got = q.get(timeout=30)
     p.join(30)
@@ -230,7 +238,7 @@ def test_awatch_from_another_process_without_blocking_the_loop(db):
             sys.executable, "-c",
             "import agentstate, sys, time; db = agentstate.open(sys.argv[1]); time.sleep(0.5); "
             "db.runs.write('run-1', [{'seq': 0}], None, create=True); time.sleep(0.2); "
-            "db.runs.write('run-1', [{'seq': 1}, {'seq': 2}], None)", db.path], check=True))
+            "db.runs.write('run-1', [{'seq': 1}, {'seq': 2}], None)", target(db)], check=True))
         await asyncio.wait_for(follow(), 60)
         await writer
         t.cancel()
@@ -254,7 +262,7 @@ def test_a_polling_reader_never_sees_a_lower_seq_appear(db):
     """Many processes commit while a reader polls: the seqs it reads are contiguous and rising,
     and what it saw is exactly what the feed holds afterwards."""
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_churn_writer, args=(db.path, 150, i)) for i in range(4)]
+    procs = [ctx.Process(target=_churn_writer, args=(target(db), 150, i)) for i in range(4)]
     for p in procs:
         p.start()
     seen, since = [], 0
@@ -268,9 +276,9 @@ def test_a_polling_reader_never_sees_a_lower_seq_appear(db):
     assert sum(db.scope("agent", f"a{i}").get("n", 0) for i in range(3)) == 600
 
 
-def test_command_changes_and_follow(db_path):
-    with agentstate.open(db_path) as db:
-        db.scope("app", "a").put("k", 1)
+def test_command_changes_and_follow(db):
+    db_path = target(db)
+    db.scope("app", "a").put("k", 1)
     r = CliRunner().invoke(cli, ["--db", db_path, "--json", "changes"])
     line = json.loads(r.stdout.splitlines()[0])
     assert r.exit_code == 0 and set(line) == set(agentstate.Change._fields)
@@ -279,8 +287,7 @@ def test_command_changes_and_follow(db_path):
                           "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1.5)  # started and waiting
-        with agentstate.open(db_path) as db:
-            db.scope("app", "a").append("l", [1])
+        db.scope("app", "a").append("l", [1])
         got = json.loads(p.stdout.readline())
         assert got["op"] == "append" and got["key"] == "l"
     finally:

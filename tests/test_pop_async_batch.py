@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
+from contextlib import contextmanager
 
 import apsw
 import pytest
@@ -13,39 +15,71 @@ from hypothesis import strategies as st
 
 import agentstate
 
-from .conftest import file_digest
+from .conftest import digest, on_postgres, target
 from .strategies import JSON
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema."""
+    return any_db
+
+
+@contextmanager
+def writes_held(db):
+    """Another connection keeps every writer waiting until the block ends: SQLite's write
+    lock, or on PostgreSQL the row lock of the feed's head, which every write takes last."""
+    if on_postgres(db):
+        import psycopg
+
+        other = psycopg.connect(target(db))
+        other.execute("SELECT last FROM feed_head FOR UPDATE")
+        try:
+            yield
+        finally:
+            other.commit()
+            other.close()
+        return
+    other = apsw.Connection(db.path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.execute("COMMIT")
+        other.close()
+
+
+EXAMPLES = itertools.count()
 
 
 @settings(max_examples=60)
 @given(items=st.lists(JSON, max_size=8), pops=st.lists(st.integers(0, 5), max_size=4))
-def test_pop_matches_a_python_list(tmp_path_factory, items, pops):
+def test_pop_matches_a_python_list(db, items, pops):
     """pop(n) removes and returns the last n items in list order; the version rises only
     when something was removed; check() holds (sizes stay exact)."""
-    with agentstate.open(str(tmp_path_factory.mktemp("pop") / "p.db")) as db:
-        kv = db.scope("app", "p")
-        model = list(items)
-        kv.put("l", items)
-        for n in pops:
-            version = kv.get_versioned("l").version
-            got = kv.pop("l", n)
-            want = model[len(model) - min(n, len(model)):]
-            del model[len(model) - len(want):]
-            assert got == want
-            assert kv.get_versioned("l") == (model, version + (1 if want else 0))
-        assert kv.length("l") == len(model) and db.check() == []
+    kv = db.scope("app", f"p{next(EXAMPLES)}")  # a new scope per example
+    model = list(items)
+    kv.put("l", items)
+    for n in pops:
+        version = kv.get_versioned("l").version
+        got = kv.pop("l", n)
+        want = model[len(model) - min(n, len(model)):]
+        del model[len(model) - len(want):]
+        assert got == want
+        assert kv.get_versioned("l") == (model, version + (1 if want else 0))
+    assert kv.length("l") == len(model) and db.check() == []
 
 
-def test_pop_of_absent_and_of_a_non_list(db, db_path):
+def test_pop_of_absent_and_of_a_non_list(db):
     kv = db.scope("app", "p")
     assert kv.pop("none", 3) == [] and kv.get_versioned("none").version == 0
     kv.put("s", "text")
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(agentstate.NotAList):
         kv.pop("s")
     with pytest.raises(agentstate.InvalidValue):
         kv.pop("s", -1)
-    assert file_digest(db_path) == before
+    assert digest(db) == before
 
 
 def test_async_twins_behave_like_their_twins(db):
@@ -89,28 +123,26 @@ def test_aupdate_from_many_tasks_and_threads_loses_nothing(db):
     assert kv.get("n") == 80
 
 
-def test_async_twins_never_block_the_event_loop(db, db_path):
-    """While another connection holds the write lock, an aput waits without stopping the loop."""
-    other = apsw.Connection(db_path)
-    other.execute("BEGIN IMMEDIATE")
+def test_async_twins_never_block_the_event_loop(db):
+    """While another connection holds the writers back, an aput waits without stopping the loop."""
     kv = db.scope("app", "a")
 
     async def main():
         ticks = 0
-        writer = asyncio.create_task(kv.aput("k", 1))
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 0.5:
-            await asyncio.sleep(0.01)
-            ticks += 1
-        other.execute("COMMIT")
+        with writes_held(db):
+            writer = asyncio.create_task(kv.aput("k", 1))
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.5:
+                await asyncio.sleep(0.01)
+                ticks += 1
+            assert not writer.done()
         assert await writer == 1
         return ticks
 
     assert asyncio.run(main()) >= 10  # the loop kept running while the write waited
-    other.close()
 
 
-def test_batch_applies_all_or_none(db, db_path):
+def test_batch_applies_all_or_none(db):
     kv = db.scope("app", "b")
     kv.put("x", 1)
     with db.batch() as b:
@@ -119,13 +151,13 @@ def test_batch_applies_all_or_none(db, db_path):
         b.scope("user", "u").delete("gone")
     assert b.results == [2, (1, 1), False]
     assert kv.get("x") == 2 and kv.get("l") == [1]
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(agentstate.VersionConflict) as e:
         with db.batch() as b:
             b.scope("app", "b").put("y", 1)
             b.scope("app", "b").put("x", 3, if_version=1)  # stale: refused, so nothing is written
     assert e.value.current_version == 2 and kv.get("y") is None
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     with pytest.raises(RuntimeError):
         with db.batch() as b:
             b.scope("app", "b").put("z", 1)

@@ -8,17 +8,31 @@ import os
 import stat
 from datetime import timezone
 
-import apsw
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, rule,
+                                 run_state_machine_as_test)
 
 import agentstate
 from agentstate import HistoryGap, InvalidValue, RunExists, RunNotFound, SavedState, TooLarge
 
 from . import workers
-from .conftest import file_digest
+from .conftest import RawSQL, digest, on_postgres, target
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema
+    (tests of SQLite's own machinery use ``file_db``)."""
+    return any_db
+
+
+@pytest.fixture
+def file_db(db_path):
+    d = agentstate.open(db_path)
+    yield d
+    d.close()
 
 
 def E(seq, **kw):
@@ -60,14 +74,14 @@ def test_resent_entries_are_skipped(db):
     assert [e["v"] for e in r.read("r").entries] == ["a", "b", "c"]
 
 
-def test_a_different_entry_at_a_stored_seq_is_refused(db, db_path):
+def test_a_different_entry_at_a_stored_seq_is_refused(db):
     """A racing writer that lost hears so (HistoryGap) instead of being silently skipped."""
     r = db.runs
     r.write("r", [E(0, v="a")], None, create=True)
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(HistoryGap, match="different entry"):
         r.write("r", [E(0, v="other"), E(1, v="b")], {"s": 1})
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     r.write("r", [{"v": "a", "seq": 0}, E(1, v="b")], None)  # same entry, other key order
     assert len(r.read("r").entries) == 2
 
@@ -85,13 +99,13 @@ def test_a_different_entry_at_a_stored_seq_is_refused(db, db_path):
     lambda r: r.write("missing", [E(0)], None),                         # not found
     lambda r: r.write("bad id", [E(0)], None, create=True),             # invalid id
 ])
-def test_refused_writes_write_nothing(db, db_path, bad):
+def test_refused_writes_write_nothing(db, bad):
     r = db.runs
     r.write("r", [E(0), E(1)], {"s": 0}, create=True)
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(agentstate.AgentStateError):
         bad(r)
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert r.read("r") == ([E(0), E(1)], {"s": 0})
 
 
@@ -111,27 +125,24 @@ def test_check_order_validation_then_existence_then_gap(db):
     assert issubclass(HistoryGap, ValueError) and issubclass(RunNotFound, LookupError)
 
 
-def test_database_refuses_gaps_and_duplicates_from_raw_sql(db, db_path):
-    """Contiguity is the database's own rule, for any writer (the sqlite3 shell too)."""
+def test_database_refuses_gaps_and_duplicates_from_raw_sql(db):
+    """Contiguity is the database's own rule, for any writer (the sqlite3 shell or psql too)."""
     db.runs.write("r", [E(0)], None, create=True)
-    c = apsw.Connection(db_path)
-    with pytest.raises(apsw.ConstraintError):
-        c.execute("INSERT INTO run_entry (run_id, seq, entry) VALUES ('r', 5, '{\"seq\":5}')")
-    with pytest.raises(apsw.ConstraintError):
-        c.execute("INSERT INTO run_entry (run_id, seq, entry) VALUES ('r', 0, '{\"seq\":0}')")
-    c.close()
+    with RawSQL(db) as c:
+        with pytest.raises(c.refused):
+            c.execute("INSERT INTO run_entry (run_id, seq, entry) VALUES ('r', 5, '{\"seq\":5}')")
+        with pytest.raises(c.refused):
+            c.execute("INSERT INTO run_entry (run_id, seq, entry) VALUES ('r', 0, '{\"seq\":0}')")
     assert db.runs.read("r").entries == [E(0)]
     assert db.check() == []
 
 
-def test_racing_writers_cannot_make_gaps_or_duplicates(db_path):
+def test_racing_writers_cannot_make_gaps_or_duplicates(db):
     """4 processes race to append to one run: seqs stay 0..n-1, each win stored once."""
-    with agentstate.open(db_path) as db:
-        db.runs.write("shared", [], None, create=True)
-    out = workers.race(workers.history_writer, lambda w: (db_path, w, 40))
+    db.runs.write("shared", [], None, create=True)
+    out = workers.race(workers.history_writer, lambda w: (target(db), w, 40))
     assert all(other == 0 for _, _, other in out)
-    with agentstate.open(db_path) as db:
-        entries = db.runs.read("shared").entries
+    entries = db.runs.read("shared").entries
     assert [e["seq"] for e in entries] == list(range(160))
     for w in range(4):
         assert [e["k"] for e in entries if e["who"] == w] == list(range(40))
@@ -183,29 +194,37 @@ def test_load_marks_interrupted_tool_calls(db):
         r.load("nope")
 
 
+NOT_JSON = ("UPDATE run_entry SET entry = 'not json' WHERE seq = 1",
+            "UPDATE run SET snapshot = '{bad'")
+
+
 @pytest.mark.parametrize("damage", [
     "DELETE FROM run_entry WHERE seq = 1",
-    "UPDATE run_entry SET entry = 'not json' WHERE seq = 1",
+    *NOT_JSON,
     "UPDATE run_entry SET entry = '{\"seq\":7}' WHERE seq = 1",
     "UPDATE run_entry SET entry = '[1]' WHERE seq = 1",
     "UPDATE run SET next_seq = 9",
     "UPDATE run SET snapshot = '[1,2]'",
-    "UPDATE run SET snapshot = '{bad'",
 ])
-def test_load_refuses_a_damaged_run(db, db_path, damage):
+def test_load_refuses_a_damaged_run(db, damage):
+    """Damage made by hand is found by load(); on PostgreSQL a json column refuses non-JSON."""
     db.runs.write("r", [E(0), E(1), E(2)], {"a": 1}, create=True)
-    c = apsw.Connection(db_path)
-    c.execute(damage)
-    c.close()
+    with RawSQL(db) as c:
+        if on_postgres(db) and damage in NOT_JSON:
+            import psycopg
+
+            with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+                c.execute(damage)
+            return
+        c.execute(damage)
     with pytest.raises(agentstate.Damaged):
         db.runs.load("r")
 
 
-def test_load_refuses_a_newer_run_format(db, db_path):
+def test_load_refuses_a_newer_run_format(db):
     db.runs.write("r", [E(0)], None, create=True)
-    c = apsw.Connection(db_path)
-    c.execute("UPDATE run SET format = 99")
-    c.close()
+    with RawSQL(db) as c:
+        c.execute("UPDATE run SET format = 99")
     with pytest.raises(agentstate.SchemaTooNew):
         db.runs.load("r")
 
@@ -254,8 +273,11 @@ def vm_steps(db, fn) -> int:
     return steps[0]
 
 
-def test_write_entries_and_tail_cost_does_not_grow_with_history(db):
-    """One write, entries(since=...) and tail(n) run the same work at 100 and 100,000 entries."""
+def test_write_entries_and_tail_cost_does_not_grow_with_history(file_db):
+    """One write, entries(since=...) and tail(n) run the same work at 100 and 100,000 entries.
+
+    SQLite's instruction counter (test_postgres.py counts the server's buffer reads)."""
+    db = file_db
     r = db.runs
     costs = {}
     for n in (100, 100_000):
@@ -270,7 +292,8 @@ def test_write_entries_and_tail_cost_does_not_grow_with_history(db):
         assert big <= small * 1.5 + 5, costs
 
 
-def test_list_does_not_read_histories(db):
+def test_list_does_not_read_histories(file_db):
+    db = file_db
     r = db.runs
     for i in range(20):
         r.write(f"short{i}", [E(0)], {"task": "x"}, create=True)
@@ -336,7 +359,7 @@ def test_export_and_import_folder_layout(db, tmp_path):
     assert r.read("r1") == ([E(0, t="é"), E(1)], {"task": "x"})
 
 
-def test_import_reports_malformed_line_and_writes_nothing_of_that_run(db, db_path, tmp_path):
+def test_import_reports_malformed_line_and_writes_nothing_of_that_run(db, tmp_path):
     good, bad = tmp_path / "in" / "good", tmp_path / "in" / "bad"
     good.mkdir(parents=True)
     bad.mkdir()
@@ -355,12 +378,13 @@ def test_import_reports_malformed_line_and_writes_nothing_of_that_run(db, db_pat
 class RunModel(RuleBasedStateMachine):
     """Random creates, writes with overlapping re-sends and gaps, deletes and forks vs a model."""
 
+    target = ""  # the store under test: set by test_run_model
+
     @initialize()
     def setup(self):
-        import tempfile
-
-        self.dir = tempfile.mkdtemp()
-        self.db = agentstate.open(os.path.join(self.dir, "m.db"))
+        self.db = agentstate.open(self.target)
+        for run in ("a", "b", "c"):  # each example starts from no runs
+            self.db.runs.delete(run)
         self.model: dict[str, tuple[list, dict | None]] = {}
 
     ids = st.sampled_from(["a", "b", "c"])
@@ -409,7 +433,7 @@ class RunModel(RuleBasedStateMachine):
     @rule()
     def reopen(self):
         self.db.close()
-        self.db = agentstate.open(os.path.join(self.dir, "m.db"))
+        self.db = agentstate.open(self.target)
 
     @invariant()
     def matches(self):
@@ -429,5 +453,7 @@ class RunModel(RuleBasedStateMachine):
             self.db.close()
 
 
-RunModel.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
-test_run_model = RunModel.TestCase
+def test_run_model(db):
+    machine = type("RunModelHere", (RunModel,), {"target": target(db)})
+    run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=25,
+                                                         deadline=None))

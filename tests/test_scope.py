@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate import NotAList, VersionConflict
 
-from .conftest import file_digest
+from .conftest import digest
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema."""
+    return any_db
 
 
 def test_versions_rise_on_every_write(db):
@@ -24,20 +30,20 @@ def test_versions_rise_on_every_write(db):
     assert s.append("l", [2, 3]) == (3, 2)
 
 
-def test_stale_if_version_after_delete_and_recreate_is_refused(db, db_path):
+def test_stale_if_version_after_delete_and_recreate_is_refused(db):
     """Versions are never reused, so a version read before a delete never matches again."""
     s = db.scope("session", "s1")
     s.put("k", "a")
     stale = s.get_versioned("k").version
     assert s.delete("k") is True
     assert s.put("k", "b") > stale
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(VersionConflict) as e:
         s.put("k", "c", if_version=stale)
     assert e.value.current_version == s.get_versioned("k").version
     with pytest.raises(VersionConflict):
         s.delete("k", if_version=stale)
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert s.get("k") == "b"
 
 
@@ -105,10 +111,10 @@ def test_update_passes_stored_falsy_values_not_default(db):
     assert seen == ["D", 0, "", []]
 
 
-def test_update_exception_writes_nothing(db, db_path):
+def test_update_exception_writes_nothing(db):
     s = db.scope("app", "a")
     s.put("n", 1)
-    before = file_digest(db_path)
+    before = digest(db)
 
     def boom(v):
         raise RuntimeError("no")
@@ -117,7 +123,7 @@ def test_update_exception_writes_nothing(db, db_path):
         s.update("n", boom)
     with pytest.raises(agentstate.InvalidValue):
         s.update("n", lambda v: float("nan"))
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert s.get_versioned("n") == (1, 1)
 
 
@@ -231,21 +237,21 @@ def test_list_prefix_is_literal(db, keys, prefix):
     assert s.list(prefix) == sorted(k for k in valid if k.startswith(prefix))
 
 
-def test_transaction_groups_writes_across_scopes(db, db_path):
+def test_transaction_groups_writes_across_scopes(db):
     a, b = db.scope("session", "s"), db.scope("agent", "x")
     with db.transaction():
         a.put("k", 1)
         b.append("l", [1])
         b.update("n", lambda n: n + 1, default=0)
     assert (a.get("k"), b.get("l"), b.get("n")) == (1, [1], 1)
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(KeyError):
         with db.transaction():
             a.put("k", 2)
             b.append("l", [2])
             a.delete("k")
             raise KeyError("abort")
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert (a.get("k"), b.get("l")) == (1, [1])
 
 

@@ -7,20 +7,33 @@ import os
 import signal
 import time
 
-import apsw
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 import agentstate
 from agentstate import (Forbidden, InvalidKey, InvalidTransition, NotFound, Principal,
                         SessionBusy)
 
 from . import workers
-from .conftest import file_digest
+from .conftest import RawSQL, digest, on_postgres, target
 
 ALICE, BOB, ADMIN = Principal("alice"), Principal("bob"), Principal("ops", admin=True)
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema."""
+    return any_db
+
+
+def lapse(db, turn_id: str) -> None:
+    """End a turn's lease by hand, as a crashed holder would leave it."""
+    zero = "to_timestamp(0)" if on_postgres(db) else "0"  # a timestamptz there, unix seconds here
+    with RawSQL(db) as c:
+        c.execute(f"UPDATE turn SET lease_until = {zero} WHERE id = ?", (turn_id,))
 
 
 def test_create_get_list(db):
@@ -122,7 +135,7 @@ def test_one_turn_at_a_time_and_held_or_resuming_do_not_block(db):
     ("queued", lambda t, db: t.finish()),
     ("queued", lambda t, db: t.hold()),
 ])
-def test_moves_outside_the_diagram_change_nothing(db, db_path, setup, move):
+def test_moves_outside_the_diagram_change_nothing(db, setup, move):
     s = db.sessions.create(ALICE)
     t = db.sessions.start_turn(s.id, ALICE, queued=setup == "queued")
     if setup in ("held", "decided"):
@@ -131,10 +144,10 @@ def test_moves_outside_the_diagram_change_nothing(db, db_path, setup, move):
         db.sessions.decide(t.id, ALICE, "d")
     if setup == "finished":
         t.finish()
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(InvalidTransition):
         move(t, db)
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert db.sessions.get_turn(t.id, ALICE).status == setup
 
 
@@ -200,25 +213,25 @@ def test_delete_removes_session_turns_and_state(db):
     assert db.scope("session", other.id).get("keep") == 1
 
 
-def test_database_enforces_one_active_turn_for_any_writer(db, db_path):
+def test_database_enforces_one_active_turn_for_any_writer(db):
+    """The partial unique index refuses a second active turn from the sqlite3 shell or psql."""
     s = db.sessions.create(ALICE)
     t = db.sessions.start_turn(s.id, ALICE)
-    c = apsw.Connection(db_path)
-    with pytest.raises(apsw.ConstraintError):
-        c.execute("INSERT INTO turn (id, session_id, n, status, created_at, updated_at) "
-                  "VALUES ('x', ?, 99, 'running', '', '')", (s.id,))
-    c.close()
+    now = "now()" if on_postgres(db) else "''"
+    with RawSQL(db) as c:
+        with pytest.raises(c.refused):
+            c.execute("INSERT INTO turn (id, session_id, n, status, created_at, updated_at) "
+                      f"VALUES ('x', ?, 99, 'running', {now}, {now})", (s.id,))
     t.finish()
 
 
-def test_eight_processes_race_start_turn(db_path):
+def test_eight_processes_race_start_turn(db):
     """8 processes x 15 rounds: exactly one wins each round; the rest are told its turn id."""
-    with agentstate.open(db_path) as db:
-        sid = db.sessions.create(ALICE).id
+    sid = db.sessions.create(ALICE).id
     ctx = mp.get_context("spawn")
     rounds, n = 15, 8
     barrier, results = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=workers.turn_racer, args=(db_path, sid, rounds, barrier, results))
+    procs = [ctx.Process(target=workers.turn_racer, args=(target(db), sid, rounds, barrier, results))
              for _ in range(n)]
     for p in procs:
         p.start()
@@ -233,33 +246,31 @@ def test_eight_processes_race_start_turn(db_path):
         assert all(x[1] == "busy" and x[2] == winners[0] for x in this if x[1] != "won"), this
 
 
-def test_killed_process_turn_expires_and_frees_the_session(db_path):
+def test_killed_process_turn_expires_and_frees_the_session(db):
     """SIGKILL a process mid-turn: once its lease lapses another process starts a turn."""
-    with agentstate.open(db_path) as db:
-        sid = db.sessions.create(ALICE).id
+    sid = db.sessions.create(ALICE).id
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    p = ctx.Process(target=workers.hold_turn_forever, args=(db_path, sid, ready))
+    p = ctx.Process(target=workers.hold_turn_forever, args=(target(db), sid, ready))
     p.start()
     dead_turn = ready.get(timeout=120)
     time.sleep(0.5)
     os.kill(p.pid, signal.SIGKILL)
     p.join(30)
-    with agentstate.open(db_path) as db:
-        with pytest.raises(SessionBusy) as e:
-            db.sessions.start_turn(sid, ALICE)
-        assert e.value.turn_id == dead_turn
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                t = db.sessions.start_turn(sid, ALICE)
-                break
-            except SessionBusy:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-        assert db.sessions.get_turn(dead_turn, ALICE).status == "expired"
-        t.finish()
-        assert db._store.conn().execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    with pytest.raises(SessionBusy) as e:
+        db.sessions.start_turn(sid, ALICE)
+    assert e.value.turn_id == dead_turn
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            t = db.sessions.start_turn(sid, ALICE)
+            break
+        except SessionBusy:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert db.sessions.get_turn(dead_turn, ALICE).status == "expired"
+    t.finish()
+    assert db.check() == []  # on SQLite this includes PRAGMA integrity_check
 
 
 class TurnModel(RuleBasedStateMachine):
@@ -275,13 +286,12 @@ class TurnModel(RuleBasedStateMachine):
         "expire": {"queued": "expired", "running": "expired", "resuming": "expired"},
     }
 
+    store: agentstate.Database  # the store under test: set by test_turn_model
+
     @initialize()
     def setup(self):
-        import tempfile
-
-        self.path = os.path.join(tempfile.mkdtemp(), "t.db")
-        self.db = agentstate.open(self.path)
-        self.sid = self.db.sessions.create(ALICE).id
+        self.db = self.store
+        self.sid = self.db.sessions.create(ALICE).id  # a new session per example
         self.turns: dict[str, tuple[agentstate.Turn, str]] = {}
 
     def active(self):
@@ -313,8 +323,7 @@ class TurnModel(RuleBasedStateMachine):
         }
         if action == "expire":
             if want:
-                c = self.db._store.conn()
-                c.execute("UPDATE turn SET lease_until = 0 WHERE id = ?", (tid,))
+                lapse(self.db, tid)
                 self.turns[tid] = (t, want)
             return
         if want is None:
@@ -331,10 +340,8 @@ class TurnModel(RuleBasedStateMachine):
         got = {t.id: t.status for t in self.db.sessions.turns(self.sid, ALICE)}
         assert got == {tid: s for tid, (_, s) in self.turns.items()}
 
-    def teardown(self):
-        if hasattr(self, "db"):
-            self.db.close()
 
-
-TurnModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
-test_turn_model = TurnModel.TestCase
+def test_turn_model(db):
+    machine = type("TurnModelHere", (TurnModel,), {"store": db})
+    run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=30,
+                                                         deadline=None))

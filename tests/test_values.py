@@ -10,10 +10,16 @@ from hypothesis import strategies as st
 
 from agentstate import InvalidKey, InvalidValue, TooLarge
 
-from .conftest import file_digest
+from .conftest import digest, on_postgres
 from .strategies import as_stored, JSON, KEYS, nested
 
 MIB = 1024 * 1024
+
+
+@pytest.fixture
+def db(any_db):
+    """Every test here runs on both backends: an SQLite file and a PostgreSQL schema."""
+    return any_db
 
 
 def same(a, b) -> bool:
@@ -72,18 +78,18 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("value", BAD_VALUES, ids=lambda v: type(v).__name__)
-def test_invalid_values_are_refused_and_change_nothing(db, db_path, value):
+def test_invalid_values_are_refused_and_change_nothing(db, value):
     """Each invalid value raises InvalidValue, for put and append, and writes nothing."""
     s = db.scope("app", "a")
     s.put("existing", [1])
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(InvalidValue):
         s.put("k", value)
     with pytest.raises(InvalidValue):
         s.append("existing", [value])
     with pytest.raises(InvalidValue):
         s.put("existing", value, if_version=1)
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert s.get("k") is None and s.get("existing") == [1]
 
 
@@ -100,15 +106,15 @@ def test_invalid_values_are_refused_and_change_nothing(db, db_path, value):
     ),
     wrap=st.integers(0, 3),
 )
-def test_hypothesis_invalid_values_refused_unchanged(db, db_path, value, wrap):
+def test_hypothesis_invalid_values_refused_unchanged(db, value, wrap):
     """Random invalid values, nested or not, are refused and leave the file as it was."""
     for _ in range(wrap):
         value = {"v": [value]}
     s = db.scope("agent", "bot")
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(InvalidValue):
         s.put("x", value)
-    assert file_digest(db_path) == before
+    assert digest(db) == before
 
 
 def test_depth_limit_is_exactly_512(db):
@@ -162,13 +168,13 @@ def test_invalid_scope_kinds(db, kind):
         db.scope(kind, "x")
 
 
-def test_size_limit_is_exactly_one_mib_of_utf8_json(db, db_path):
+def test_size_limit_is_exactly_one_mib_of_utf8_json(db):
     """A value of exactly 1 MiB of compact UTF-8 JSON is stored; one byte more is TooLarge."""
     s = db.scope("app", "a")
     exact = "x" * (MIB - 2)  # plus two quotes
     s.put("big", exact)
     assert s.get("big") == exact
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(TooLarge) as e:
         s.put("big2", exact + "x")
     assert (e.value.size, e.value.limit) == (MIB + 1, MIB)
@@ -177,11 +183,11 @@ def test_size_limit_is_exactly_one_mib_of_utf8_json(db, db_path):
         s.put("big3", "é" * (MIB // 2))
     with pytest.raises(TooLarge):
         s.put_bytes("b", b"x" * (MIB + 1))
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     s.put_bytes("b", b"x" * MIB)
 
 
-def test_list_limit_counts_the_whole_list_after_append(db, db_path):
+def test_list_limit_counts_the_whole_list_after_append(db):
     """Appends are refused once the list's JSON would pass 1 MiB; the list stays as it was."""
     s = db.scope("app", "a")
     item = "y" * 998  # 1,000 bytes of JSON each
@@ -193,19 +199,20 @@ def test_list_limit_counts_the_whole_list_after_append(db, db_path):
     rest = MIB - size - 1  # room for one more item after a comma
     s.append("l", ["z" * (rest - 2)])  # exactly 1 MiB now
     assert len(json.dumps(s.get("l"), separators=(",", ":"))) == MIB
-    before = file_digest(db_path)
+    before = digest(db)
     with pytest.raises(TooLarge) as e:
         s.append("l", [0])
     assert e.value.size == MIB + 2
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     assert s.length("l") == n + 1
 
 
-def test_non_ascii_is_stored_as_raw_utf8(db, db_path):
-    """Values are JSON text with raw UTF-8, so the sqlite3 shell sees the characters."""
+def test_non_ascii_is_stored_as_raw_utf8(db):
+    """Values are JSON text with raw UTF-8, so the sqlite3 shell (or psql) sees the characters."""
     s = db.scope("app", "a")
     s.put("greeting", {"text": "héllo ✓ 😀"})
-    raw = db._store.query("SELECT value, size FROM kv WHERE key = 'greeting'")[0]
+    text = "value::text" if on_postgres(db) else "value"  # a json column, as psql prints it
+    raw = db._store.query(f"SELECT {text}, size FROM kv WHERE key = 'greeting'")[0]
     assert raw[0] == '{"text":"héllo ✓ 😀"}'
     assert raw[1] == len(raw[0].encode("utf-8"))
 
