@@ -144,7 +144,7 @@ class RawSQL:
     def execute(self, sql: str, args=()) -> list:
         if not self.pg:
             return self.c.execute(sql, args).fetchall()
-        cur = self.c.execute(sql.replace("?", "%s"), args)
+        cur = self.c.execute(sql.replace("?", "%s"), args or None)
         return cur.fetchall() if cur.description else []
 
     def __enter__(self) -> RawSQL:

@@ -543,9 +543,11 @@ def ensure_schema(c: psycopg.Connection, where: str) -> str:
 
 
 def _version(c: psycopg.Connection, schema: str) -> int:
-    exists = c.execute("SELECT to_regclass(format('%I.agentstate_version', current_schema()))"
-                       ).fetchone()[0]
-    if exists is None:
+    # A query of the catalog, not to_regclass(): its cache may still say "no such table"
+    # after another client created it while this one waited for the lock.
+    exists = c.execute("SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() "
+                       "AND tablename = 'agentstate_version')").fetchone()[0]
+    if not exists:
         return 0
     row = c.execute(psycopg.sql.SQL("SELECT version FROM {}.agentstate_version").format(
         psycopg.sql.Identifier(schema))).fetchone()
