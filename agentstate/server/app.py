@@ -581,8 +581,11 @@ def create_app(db: agentstate.Database) -> Starlette:
 
     from starlette.exceptions import HTTPException
 
+    from . import ui
+
     return Starlette(
         routes=[Route(r.path, r.handler, methods=[r.method]) for r in routes],
+        middleware=[ui.middleware(api)],  # the pages at /ui, beside the API (not in its document)
         exception_handlers={Exception: on_error, AgentStateError: on_error, HTTPException: not_found},
         lifespan=lifespan,
     )

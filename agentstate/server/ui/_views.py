@@ -1,0 +1,378 @@
+"""The handlers of the pages: sign the caller in, read a page in a worker thread, render it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, Route, Router
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import agentstate
+from agentstate.errors import AgentStateError, CursorExpired, InvalidValue, NotFound
+
+from .. import _http as h
+from . import _pages as pages
+from ._signin import COOKIE, SignIn, SignIns, csrf_ok, safe_next, same_origin
+from ._timeline import timeline
+
+if TYPE_CHECKING:
+    from ..app import API
+
+FORM_LIMIT = 4 * 1024 * 1024  # a decision of up to 1 MiB, form-encoded
+# Nothing from elsewhere: our own script and style only; no inline script can run.
+HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "connect-src 'self'; img-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",  # no-referrer would make Origin "null" on our own POSTs
+    "cache-control": "no-store",
+}
+STATIC = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # a lease's end: Unix seconds
+        value = datetime.fromtimestamp(value, timezone.utc)
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "" if value is None else str(value)
+
+
+def _short(value: Any, n: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= n else text[:n] + "…"
+
+
+ENV = jinja2.Environment(loader=jinja2.PackageLoader("agentstate.server.ui", "templates"),
+                         autoescape=True)
+ENV.filters.update(pretty=_pretty, when=_when, short=_short, size=pages.size_of,
+                   url=lambda s: quote(str(s), safe=""))
+
+
+class UI:
+    def __init__(self, api: API) -> None:
+        self.api = api
+        self.db: agentstate.Database = api.db
+        self.signins = SignIns(api.db)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def render(self, request: Request, name: str, signin: SignIn | None, status: int = 200,
+               **ctx: Any) -> HTMLResponse:
+        html = ENV.get_template(name).render(request=request, me=signin.principal if signin else None,
+                                             csrf=signin.csrf if signin else "", **ctx)
+        return HTMLResponse(html, status_code=status, headers=HEADERS)
+
+    def page(self, fn: Callable[[Request, SignIn], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """A handler for signed-in callers only; the store's refusals as pages."""
+
+        async def handler(request: Request) -> Response:
+            signin = await self.signins.find(request)
+            if signin is None:
+                if request.method != "GET":
+                    return self.render(request, "error.html", None, 401, title="Signed out",
+                                       message="Sign in again: the sign-in has ended.")
+                nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse("/ui/login?next=" + quote(nxt, safe=""), 303, headers=HEADERS)
+            try:
+                return await fn(request, signin)
+            except AgentStateError as e:
+                status = 404 if isinstance(e, NotFound) else e.status
+                return self.render(request, "error.html", signin, status, title=type(e).__name__,
+                                   message=str(e))
+            except json.JSONDecodeError as e:
+                return self.render(request, "error.html", signin, 400, title="Not JSON",
+                                   message=f"the stored bytes are not JSON: {e}")
+
+        return handler
+
+    async def form(self, request: Request) -> dict[str, str]:
+        raw = await h.read_body(request, FORM_LIMIT)
+        try:
+            return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False))
+        except UnicodeDecodeError:
+            raise InvalidValue("the form is not UTF-8") from None
+
+    # -- signing in -------------------------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        return self.render(request, "login.html", None, next=safe_next(request.query_params.get("next", "")),
+                           error=None)
+
+    async def login(self, request: Request) -> Response:
+        if not same_origin(request):
+            return self.render(request, "error.html", None, 403, title="Refused",
+                               message="a sign-in from another site's page")
+        f = await self.form(request)
+        nxt = safe_next(f.get("next", ""))
+        sid = await self.signins.start(f.get("token", "").strip())
+        if sid is None:
+            return self.render(request, "login.html", None, 401, next=nxt, error="unknown token")
+        r = RedirectResponse(nxt, 303, headers=HEADERS)
+        r.set_cookie(COOKIE, sid, path="/ui", httponly=True, samesite="strict",
+                     secure=request.url.scheme == "https")
+        return r
+
+    async def logout(self, request: Request) -> Response:
+        signin = await self.signins.find(request)
+        if signin is not None and same_origin(request) and csrf_ok(signin, (await self.form(request)).get("csrf", "")):
+            self.signins.end(request)
+        r = RedirectResponse("/ui/login", 303, headers=HEADERS)
+        r.delete_cookie(COOKIE, path="/ui")
+        return r
+
+    # -- pages ------------------------------------------------------------------------
+
+    async def overview(self, request: Request, s: SignIn) -> Response:
+        o = await h.blocking(pages.overview, self.db, s.principal)
+        return self.render(request, "overview.html", s, o=o, watch="*")
+
+    async def runs(self, request: Request, s: SignIn) -> Response:
+        n = h.query_int(request, "page", 0) or 0
+        rows, more = pages.cut(await h.blocking(self.db.runs.list), n)
+        return self.render(request, "runs.html", s, runs=rows, page=n, more=more, watch="run")
+
+    async def run(self, request: Request, s: SignIn) -> Response:
+        run_id = request.path_params["run_id"]
+        before = h.query_int(request, "before")
+        rp = await h.blocking(pages.run_page, self.db, run_id, before)
+        items = await h.blocking(timeline, rp.entries,
+                                 lambda since, n: self.db.runs.entries(run_id, since, n))
+        return self.render(request, "run.html", s, rp=rp, items=items,
+                           watch=f"run::{run_id}" if rp.newest else "")
+
+    async def snapshot(self, request: Request, s: SignIn) -> Response:
+        run_id = request.path_params["run_id"]
+        snap = await h.blocking(pages.snapshot_page, self.db, run_id)
+        return self.render(request, "snapshot.html", s, run_id=run_id, snapshot=snap,
+                           watch=f"run::{run_id}")
+
+    async def sessions(self, request: Request, s: SignIn) -> Response:
+        n = h.query_int(request, "page", 0) or 0
+        rows, more = pages.cut(await h.blocking(self.db.sessions.list, s.principal), n)
+        return self.render(request, "sessions.html", s, sessions=rows, page=n, more=more, watch="session")
+
+    async def session(self, request: Request, s: SignIn) -> Response:
+        sid = request.path_params["session_id"]
+        n = h.query_int(request, "page", 0) or 0
+
+        def read() -> tuple[Any, ...]:
+            info = self.db.sessions.get(sid, s.principal)
+            turns, more = pages.cut(self.db.sessions.turns(sid, s.principal), n, 20)
+            keys = _keys(self.db.sessions.state(sid, s.principal), None)
+            return info, turns, more, keys
+
+        info, turns, more, keys = await h.blocking(read)
+        return self.render(request, "session.html", s, info=info, turns=turns, page=n, more=more,
+                           keys=keys, watch=f"session::{sid} kv:session:{sid}")
+
+    async def turn(self, request: Request, s: SignIn) -> Response:
+        t = await h.blocking(self.db.sessions.get_turn, request.path_params["turn_id"], s.principal)
+        return self.render(request, "turn.html", s, t=t, error=None, draft="",
+                           watch=f"session::{t.session_id}:{t.id}")
+
+    async def decide(self, request: Request, s: SignIn) -> Response:
+        turn_id = request.path_params["turn_id"]
+        f = await self.form(request)
+        if not same_origin(request) or not csrf_ok(s, f.get("csrf", "")):
+            return self.render(request, "error.html", s, 403, title="Refused",
+                               message="the form did not come from this page (reload it and try again)")
+        text = f.get("decision", "")
+        try:
+            decision = h._loads(text)
+        except ValueError as e:
+            error = f"the decision is not JSON: {e}"
+        else:
+            try:
+                await h.blocking(self.db.sessions.decide, turn_id, s.principal, decision)
+                return RedirectResponse(f"/ui/turns/{quote(turn_id, safe='')}", 303, headers=HEADERS)
+            except AgentStateError as e:
+                if isinstance(e, NotFound):
+                    raise
+                error = f"{type(e).__name__}: {e}"
+        t = await h.blocking(self.db.sessions.get_turn, turn_id, s.principal)
+        return self.render(request, "turn.html", s, 400, t=t, error=error, draft=text,
+                           watch=f"session::{t.session_id}:{t.id}")
+
+    async def scopes(self, request: Request, s: SignIn) -> Response:
+        kind, sid = request.query_params.get("kind", ""), request.query_params.get("id", "")
+        if kind and sid:
+            return RedirectResponse(f"/ui/scopes/{quote(kind, safe='')}/{quote(sid, safe='')}", 303,
+                                    headers=HEADERS)
+        head = await h.blocking(self.db.last_change)
+        recent, _ = await h.blocking(pages.changes_window, self.db, head, 2000, topic="kv")
+        seen: dict[tuple[str, str], Any] = {}
+        visible = await h.blocking(pages.Visible, self.db, s.principal)
+        for c in reversed(recent):
+            if visible(c) and (c.kind, c.scope_id) not in seen and len(seen) < pages.PAGE:
+                seen[(c.kind, c.scope_id)] = c.at
+        return self.render(request, "scopes.html", s, recent=seen, watch="kv")
+
+    async def scope(self, request: Request, s: SignIn) -> Response:
+        kind, sid = request.path_params["kind"], request.path_params["id"]
+        after = request.query_params.get("after") or None
+
+        def read() -> Any:
+            return _keys(pages.scope(self.db, kind, sid, s.principal), after)
+
+        keys = await h.blocking(read)
+        return self.render(request, "scope.html", s, kind=kind, sid=sid, keys=keys, after=after,
+                           watch=f"kv:{kind}:{sid}")
+
+    async def key(self, request: Request, s: SignIn) -> Response:
+        kind, sid, key = (request.path_params[k] for k in ("kind", "id", "key"))
+        start = h.query_int(request, "start", 0) or 0
+
+        def read() -> dict[str, Any]:
+            sc = pages.scope(self.db, kind, sid, s.principal)
+            out: dict[str, Any] = {"expires_at": sc.expires_at(key), "bytes": None, "items": None}
+            try:
+                out["value"], out["version"] = sc.get_versioned(key)
+            except json.JSONDecodeError:
+                data = sc.get_bytes(key) or b""
+                out.update(value=None, version=None, bytes=data[:4096], size=len(data))
+                return out
+            if out["version"] == 0:
+                raise NotFound(f"no key {key!r} in {kind}:{sid}")
+            out["size"] = pages.size_of(out["value"])
+            if isinstance(out["value"], list):
+                out["length"] = len(out["value"])
+                out["items"] = sc.slice(key, start, start + pages.PAGE)
+            return out
+
+        k = await h.blocking(read)
+        return self.render(request, "key.html", s, kind=kind, sid=sid, key=key, k=k, start=start,
+                           page=pages.PAGE, watch=f"kv:{kind}:{sid}:{key}")
+
+    async def changes(self, request: Request, s: SignIn) -> Response:
+        head = await h.blocking(self.db.last_change)
+        before = h.query_int(request, "before")
+        upto = head if before is None or before > head else before - 1
+        rows, purged = await h.blocking(pages.changes_window, self.db, upto, pages.PAGE)
+        visible = await h.blocking(pages.Visible, self.db, s.principal)
+        rows = [c for c in rows if visible(c)]  # a page may show fewer: others' sessions left out
+        older = upto - pages.PAGE + 1 if upto > pages.PAGE and not purged else None
+        return self.render(request, "changes.html", s, changes=list(reversed(rows)), head=head,
+                           newest=before is None or before > head, older=older, purged=purged,
+                           watch="")
+
+    async def stream(self, request: Request, s: SignIn) -> Response:
+        """The change feed as server-sent events, for a signed-in page (an EventSource
+        cannot send the API's Authorization header; it sends the cookie)."""
+        last_id = request.headers.get("last-event-id", "")
+        since = int(last_id) if last_id.isdigit() else await h.blocking(self.db.last_change)
+        db, notifier = self.db, self.api.notifier
+        visible = await h.blocking(pages.Visible, db, s.principal)
+
+        async def events() -> AsyncIterator[bytes]:
+            cursor = since
+            yield b"retry: 1000\n\n"
+            while True:
+                try:
+                    found = await h.blocking(db.changes, cursor, limit=200)
+                except CursorExpired:  # away too long: start again from now
+                    cursor = await h.blocking(db.last_change)
+                    yield b"event: resync\ndata: {}\n\n"
+                    continue
+                for c in found:
+                    if not await h.blocking(visible, c):
+                        cursor = c.seq
+                        continue
+                    yield b"id: %d\ndata: " % c.seq + h.dumps(_change(c)) + b"\n\n"
+                    cursor = c.seq
+                if not found and not await notifier.wait(15.0):
+                    yield b": keep-alive\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return Response("not found", 404, media_type="text/plain")
+        data = resources.files(__package__).joinpath("static", name).read_bytes()
+        return Response(data, media_type=STATIC[name],
+                        headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"})
+
+
+def _keys(sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
+    """A page of a scope's keys, each with its version, size, expiry and a preview."""
+    names = sc.list(after=after, limit=pages.PAGE + 1)
+    rows = []
+    for key in names[:pages.PAGE]:
+        try:
+            value, version = sc.get_versioned(key)
+            size: int | None = pages.size_of(value) if version else None
+            preview = _short(value)
+        except json.JSONDecodeError:
+            data = sc.get_bytes(key) or b""
+            value, version, size, preview = None, None, len(data), f"({len(data)} bytes, not JSON)"
+        rows.append({"key": key, "version": version, "size": size, "preview": preview,
+                     "expires_at": sc.expires_at(key)})
+    return {"rows": rows, "next": names[pages.PAGE - 1] if len(names) > pages.PAGE else None}
+
+
+def _change(c: agentstate.Change) -> dict[str, Any]:
+    return {**c._asdict(), "at": c.at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+
+
+def routes(api: API) -> list[BaseRoute]:
+    """The routes of the pages, to mount beside the API's."""
+    ui = UI(api)
+    p = ui.page
+    return [
+        Route("/ui", p(ui.overview), methods=["GET"]),
+        Route("/ui/", p(ui.overview), methods=["GET"]),
+        Route("/ui/login", ui.login_form, methods=["GET"]),
+        Route("/ui/login", ui.login, methods=["POST"]),
+        Route("/ui/logout", ui.logout, methods=["POST"]),
+        Route("/ui/runs", p(ui.runs), methods=["GET"]),
+        Route("/ui/runs/{run_id}", p(ui.run), methods=["GET"]),
+        Route("/ui/runs/{run_id}/snapshot", p(ui.snapshot), methods=["GET"]),
+        Route("/ui/sessions", p(ui.sessions), methods=["GET"]),
+        Route("/ui/sessions/{session_id}", p(ui.session), methods=["GET"]),
+        Route("/ui/turns/{turn_id}", p(ui.turn), methods=["GET"]),
+        Route("/ui/turns/{turn_id}/decide", p(ui.decide), methods=["POST"]),
+        Route("/ui/scopes", p(ui.scopes), methods=["GET"]),
+        Route("/ui/scopes/{kind}/{id}", p(ui.scope), methods=["GET"]),
+        Route("/ui/scopes/{kind}/{id}/keys/{key}", p(ui.key), methods=["GET"]),
+        Route("/ui/changes", p(ui.changes), methods=["GET"]),
+        Route("/ui/stream", p(ui.stream), methods=["GET"]),
+        Route("/ui/static/{name}", ui.static, methods=["GET"]),
+    ]
+
+
+def middleware(api: API) -> Middleware:
+    """Serve the pages (any path under /ui) before the API's router sees the request."""
+    router = Router(routes(api))
+
+    class Pages:
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            path = scope.get("path", "")
+            if scope["type"] != "http" or not (path == "/ui" or path.startswith("/ui/")):
+                return await self.app(scope, receive, send)
+            try:
+                await router(scope, receive, send)
+            except HTTPException as e:  # no such page, or a method it does not take
+                await Response(f"{e.status_code} {e.detail}", e.status_code, media_type="text/plain",
+                               headers=e.headers)(scope, receive, send)
+
+    return Middleware(Pages)
