@@ -24,10 +24,10 @@ import uuid
 from pathlib import Path
 
 PREFIX = "agentstate-pg-"
+DURABLE = "-c listen_addresses=127.0.0.1 -c max_connections=300"  # the defaults otherwise
 # Fast and safe for tests: a clean shutdown (or a killed client) loses nothing
 # without fsync; the server is deleted afterwards anyway.
-SETTINGS = ("-c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off "
-            "-c full_page_writes=off -c shared_buffers=64MB")
+SETTINGS = f"{DURABLE} -c fsync=off -c full_page_writes=off -c shared_buffers=64MB"
 
 
 def bindir() -> str | None:
@@ -81,8 +81,9 @@ def sweep(bin_dir: str) -> None:
 class Server:
     """A server this test run started, and stops."""
 
-    def __init__(self, bin_dir: str) -> None:
+    def __init__(self, bin_dir: str, settings: str = SETTINGS) -> None:
         self.bin = bin_dir
+        self.settings = settings
         self.folder = tempfile.mkdtemp(prefix=PREFIX)
         self.data = os.path.join(self.folder, "data")
         self.log = os.path.join(self.folder, "server.log")
@@ -113,7 +114,7 @@ class Server:
 
     def _pg_ctl(self, action: str, *more: str) -> None:
         self._run("pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", *more,
-                  "-o", f"{SETTINGS} -p {self.port} -k {self.folder}", action)
+                  "-o", f"{self.settings} -p {self.port} -k {self.folder}", action)
 
     def restart(self) -> None:
         """A fast restart: every client connection is cut, nothing committed is lost."""

@@ -17,7 +17,7 @@ from .store import Conn
 
 __all__ = ["iso", "head", "scan", "settings", "set_setting", "purge"]
 
-PURGE_BATCH = 32  # rows of each kind a purge step removes at most
+PURGE_BATCH = 64  # rows of each kind a purge step (every 16 writes) removes at most
 COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
 
 

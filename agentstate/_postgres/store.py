@@ -35,7 +35,9 @@ from .._encoding import MAX_VALUE
 from ..errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError, UsageError
 
 POOL_MAX = 16  # connections per process: one per thread inside a write, at most
-HOUSEKEEP_EVERY = 8  # writes per purge step (feed_purge): a few rows each, so none pays much
+# Writes per purge step (feed_purge, PURGE_BATCH rows of each kind): a statement of
+# its own after the write's COMMIT, so it comes every 16 writes, not 8 as on SQLite.
+HOUSEKEEP_EVERY = 16
 RETRIES = 3  # a lone statement that lost a deadlock did nothing: it is run again
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
               "feed_head", "change_pending", "setting", "token")
@@ -117,24 +119,36 @@ def _first_line(e: BaseException) -> str:
 # -- one connection as the repositories see it --------------------------------
 
 AUTO, TXN, READ = "auto", "txn", "read"
-_BEGIN_BLOCK = "BEGIN; SET LOCAL agentstate.block = 'on'"  # feed_add() holds changes till COMMIT
+# What opens a write transaction; set_config(..., true) lasts until its end, and
+# tells feed_add() to hold the changes until feed_flush() at COMMIT.
+BEGIN_WRITE = ("BEGIN", "SELECT set_config('agentstate.block', 'on', true)")
+BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
+SAVEPOINT, RELEASE = "SAVEPOINT w", "RELEASE SAVEPOINT w"
 
 
 class Conn:
     """A checked-out connection: ``execute`` and, for several statements, ``begin``.
 
     Modes: AUTO (a write not yet begun: each statement is its own transaction,
-    retried when it lost a deadlock), TXN (inside BEGIN), READ (a read).
+    retried when it lost a deadlock), TXN (a write transaction), READ (a read,
+    or a snapshot). Statements that open something (BEGIN, SAVEPOINT) or close
+    a savepoint wait in ``pending`` and go out in one pipeline with the next
+    statement: one round trip, not two.
     """
 
-    __slots__ = ("raw", "mode", "ran")
+    __slots__ = ("raw", "mode", "ran", "pending", "open", "flushes")
 
-    def __init__(self, raw: psycopg.Connection, mode: str) -> None:
+    def __init__(self, raw: psycopg.Connection, mode: str, pending: tuple[str, ...] = ()) -> None:
         self.raw = raw
         self.mode = mode
-        self.ran = False
+        self.ran = False  # AUTO: a statement has run (and committed on its own)
+        self.pending = list(pending)
+        self.open = False  # a BEGIN has been sent
+        self.flushes = 0
 
     def execute(self, query: Any, params: Any = None) -> psycopg.Cursor:
+        if self.pending:
+            return self._with_pending(query, params)
         if self.mode is not AUTO:
             return self.raw.execute(query, params)
         self.ran = True
@@ -146,12 +160,23 @@ class Conn:
                     raise
         raise AssertionError("unreachable")
 
+    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
+        pending, self.pending = self.pending, []
+        self.flushes += 1
+        if pending[0].startswith("BEGIN"):
+            self.open = True
+        with self.raw.pipeline():
+            for stmt in pending:
+                self.raw.execute(stmt)
+            cur = self.raw.execute(query, params)
+        return cur
+
     def begin(self) -> None:
         """Make the statements from here on one transaction (a no-op if they are)."""
         if self.mode is AUTO:
             if self.ran:
                 raise AssertionError("begin() after a statement already committed on its own")
-            self.raw.execute(_BEGIN_BLOCK)
+            self.pending[:0] = BEGIN_WRITE
             self.mode = TXN
 
 
@@ -183,7 +208,11 @@ class Store:
             url, min_size=1, max_size=POOL_MAX, kwargs={"autocommit": True},
             configure=self._configure, open=False, name="agentstate",
             timeout=max(busy_timeout, 0.05))
-        self.pool.open(wait=False)  # the first call waits for a connection, if need be
+        try:  # with its first connection ready (else the first call would open a second)
+            self.pool.open(wait=True, timeout=max(busy_timeout, 10.0))
+        except PoolTimeout:
+            self.pool.close()
+            raise StorageError(f"cannot open connections to {self.path}") from None
 
     # -- connections ----------------------------------------------------------
 
@@ -285,9 +314,10 @@ class Store:
             return
         raw = self._checkout()
         try:
-            raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield Conn(raw, READ)
-            raw.execute("COMMIT")
+            c = Conn(raw, READ, BEGIN_SNAPSHOT)  # BEGIN goes out with the first read
+            yield c
+            if c.open:
+                raw.execute("COMMIT")
         except psycopg.Error as e:
             _quiet_rollback(raw)
             raise translate(e) from None
@@ -374,10 +404,11 @@ class _Write:
     changes are moved to the feed and it COMMITs on success, or ROLLBACKs on
     any exception. A COMMIT (or a lone statement) cut off by a lost
     connection raises ``StorageError`` with ``outcome_unknown``.
-    Nested: SAVEPOINT, released on success, rolled back to on an exception.
+    Nested: a SAVEPOINT (sent with its first statement; none if it sends
+    none), released on success, rolled back to on an exception.
     """
 
-    __slots__ = ("store", "c", "depth", "token", "reset")
+    __slots__ = ("store", "c", "depth", "token", "reset")  # token: the txn's, or (nested) c.flushes
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -393,11 +424,9 @@ class _Write:
             self.reset = store._txn.set(self.token)
         else:
             c = self.c = local.conn
-            try:
-                c.begin()
-                c.raw.execute("SAVEPOINT w")
-            except psycopg.Error as e:
-                raise translate(e) from None
+            c.begin()
+            c.pending.append(SAVEPOINT)  # sent with the first statement inside, if any
+            self.token = c.flushes
         local.depth = depth + 1
         return self.c
 
@@ -425,18 +454,27 @@ class _Write:
             store._checkin(c.raw)
 
     def _end_savepoint(self, exc: BaseException | None) -> None:
-        raw = self.c.raw
-        try:
-            raw.execute("ROLLBACK TO SAVEPOINT w; RELEASE SAVEPOINT w" if exc is not None
-                        else "RELEASE SAVEPOINT w")
-        except psycopg.Error as e:
-            if exc is None:
-                raise translate(e) from None
+        c = self.c
+        if c.flushes == self.token:  # nothing was sent inside: the savepoint never existed
+            c.pending.pop()
+        elif exc is None:
+            c.pending.append(RELEASE)  # goes out with the next statement (or COMMIT drops it)
+        else:  # pending holds only the RELEASEs of savepoints inside this one
+            undo, c.pending = [*c.pending, "ROLLBACK TO SAVEPOINT w", RELEASE], []
+            try:
+                c.raw.execute("; ".join(undo))
+            except psycopg.Error:
+                pass  # the connection is gone: the outermost end says so
         if isinstance(exc, psycopg.Error):
             raise translate(exc) from None
 
     def _end_transaction(self, exc: BaseException | None) -> None:
-        raw = self.c.raw
+        c, raw = self.c, self.c.raw
+        c.pending = []  # unsent BEGIN (nothing happened) or RELEASEs (COMMIT releases them)
+        if not c.open:
+            if isinstance(exc, psycopg.Error):
+                raise translate(exc) from None
+            return
         if exc is not None:
             _quiet_rollback(raw)
             if isinstance(exc, psycopg.Error):
@@ -477,10 +515,7 @@ class _Read:
             store.check_owner()
             self.own = None
             c = local.conn
-            try:
-                c.begin()  # a read inside a write: what follows depends on it
-            except psycopg.Error as e:
-                raise translate(e) from None
+            c.begin()  # a read inside a write: what follows depends on it
             return c
         self.own = Conn(store._checkout(), READ)
         return self.own
