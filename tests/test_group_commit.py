@@ -253,3 +253,15 @@ def test_benchmark_smoke(tmp_path):
     text = bench.table(res, 3)
     assert "| 3 threads | full | agentstate, group commit |" in text
     assert "| 3 processes | full | raw apsw, one transaction per write |" in text
+
+
+def test_percall_benchmark_smoke():
+    """The per-call benchmark runs each variant and restores the store as shipped."""
+    from benchmarks import percall
+    from agentstate import _feed
+
+    record = _feed.record
+    res = percall.measure("normal", rounds=1, calls=5)
+    text = percall.table("normal", res)
+    assert "| put | temp_store FILE |" in text and "| raw apsw put | (the floor) |" in text
+    assert _feed.record is record  # the no-feed variant did not leak
