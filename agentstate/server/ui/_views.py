@@ -194,7 +194,7 @@ class UI:
                                message="the form did not come from this page (reload it and try again)")
         text = f.get("decision", "")
         try:
-            decision = h._loads(text)
+            decision = h._loads(text)  # the API's strict JSON: no NaN or Infinity
         except ValueError as e:
             error = f"the decision is not JSON: {e}"
         else:
