@@ -49,7 +49,8 @@ def _error(status: int, body: Any, runs: bool) -> E.AgentStateError:
 
 
 def _q(*parts: str) -> str:
-    return "/".join(quote(p, safe="") for p in parts)
+    """Path segments, escaped; "." and ".." (valid keys) as %2E, or URL rules would drop them."""
+    return "/".join("%2E" * len(p) if p and set(p) <= {"."} else quote(p, safe="") for p in parts)
 
 
 def _text(v: Any) -> str | None:
@@ -253,10 +254,8 @@ class RemoteOps:
             d = self._call("GET", f"/v1/runs/{_q(run_id)}", runs=True)
         except E.NotFound:
             return None
-        entries = d["entries"]
-        first = entries[0]["seq"] if entries else 0
-        head = (_text(d["snapshot"]), entries[-1]["seq"] + 1 if entries else 0, 1, first)
-        return head, [(e["seq"], _dumps(e)) for e in entries]
+        head = (_text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"])
+        return head, [(e.get("seq") if isinstance(e, dict) else None, _dumps(e)) for e in d["entries"]]
 
     def run_head(self, run_id: str) -> Row | None:
         got = self.run_read(run_id)
@@ -391,10 +390,10 @@ class RemoteOps:
                            "machine")
 
     def check(self) -> list[str]:
-        return self._local_only("check")
+        return self._call("GET", "/v1/admin/check")["problems"]
 
     def info(self) -> dict[str, Any]:
-        return self._local_only("info")
+        return self._call("GET", "/v1/admin/info")
 
     def backup(self, dest: Any, progress: Any) -> str:
         return self._local_only("backup")

@@ -112,7 +112,10 @@ def _aversion(fn: Any) -> Any:
 
 
 def _decode_entries(rows: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    return decode("[" + ",".join(r[1] for r in rows) + "]") if rows else []
+    try:
+        return decode("[" + ",".join(r[1] for r in rows) + "]") if rows else []
+    except ValueError as e:  # stored as JSON by us: someone changed it by hand
+        raise Damaged(f"a stored run entry is not valid JSON (changed outside agentstate?): {e}") from None
 
 
 class RunStore:

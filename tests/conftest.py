@@ -98,8 +98,13 @@ def any_db(request, tmp_path: Path):
     d.close()
 
 
+def served(db):
+    """The store behind a remote test client (tests/test_remote.py sets ``served``), else db."""
+    return getattr(db, "served", db)
+
+
 def on_postgres(db) -> bool:
-    return db.path.startswith(("postgresql://", "postgres://"))
+    return served(db).path.startswith(("postgresql://", "postgres://"))
 
 
 PG_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
@@ -108,6 +113,7 @@ PG_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "tu
 
 def digest(db) -> str:
     """What a refused call must not change: the file and its WAL, or every table of the store."""
+    db = served(db)
     if not on_postgres(db):
         return file_digest(db.path)
     parts = [db._store.query(f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
@@ -118,6 +124,7 @@ def digest(db) -> str:
 
 def target(db) -> str:
     """What agentstate.open() takes to open the same store again (in another process too)."""
+    db = served(db)
     return db._store.url if on_postgres(db) else db.path
 
 
@@ -129,6 +136,7 @@ class RawSQL:
     """
 
     def __init__(self, db) -> None:
+        db = served(db)
         self.pg = on_postgres(db)
         if self.pg:
             import psycopg

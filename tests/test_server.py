@@ -6,6 +6,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import time
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -319,9 +320,11 @@ def test_hostile_requests_never_get_a_server_error(tmp_path_factory, path, body,
         token = db.tokens.create("ops", admin=True)
         c = httpx.Client(transport=_Sync(create_app(db)), base_url="http://t",
                          headers={"authorization": f"Bearer {token}"})
+        # what a client can put on the wire: the path's UTF-8 bytes (lone surrogates too),
+        # percent-encoded
+        wire = quote(path.encode("utf-8", "surrogatepass"), safe="/:@!$&'()*+,;=")
         for prefix in ("/v1/scopes/app/a/keys/", "/v1/runs/", "/v1/sessions/", "/v1/turns/"):
-            url = prefix + httpx.URL("http://t/" + "".join(
-                ch for ch in path if ch not in "?#")).path.lstrip("/")
+            url = prefix + wire.lstrip("/")
             r = c.request(method, url, content=body, headers={"content-type": "application/json"})
             assert r.status_code < 500, (url, r.text)
             if r.status_code >= 400:
@@ -352,3 +355,19 @@ def test_the_server_runs_store_calls_off_the_event_loop(db, db_path):
 
     status, fast, written = asyncio.run(main())
     assert status == 200 and written == 200 and fast < 1.0
+
+
+def test_the_feed_hides_other_principals_sessions(api):
+    """A non-admin sees every change but those of others' sessions; an admin sees all."""
+    client, db, tok = api
+    alice, bob, admin = client(tok["alice"]), client(tok["bob"]), client(tok["admin"])
+    mine = bob.post("/v1/sessions", json={}).json()["id"]
+    theirs = alice.post("/v1/sessions", json={}).json()["id"]
+    alice.put(f"/v1/sessions/{theirs}/state/keys/secret", json={"value": 1})
+    bob.put("/v1/scopes/app/shared/keys/k", json={"value": 1})
+    seen = bob.get("/v1/changes", params={"since": 0}).json()
+    assert {c["scope_id"] for c in seen["changes"]} == {mine, "shared"}
+    assert seen["last"] == db.last_change()  # the cursor moves past what was hidden
+    assert theirs in {c["scope_id"] for c in admin.get("/v1/changes", params={"since": 0}).json()["changes"]}
+    r = bob.get("/v1/changes", params={"since": seen["last"], "wait": 0.2})
+    assert r.json() == {"changes": [], "last": seen["last"]}

@@ -227,10 +227,20 @@ class API:
     async def run_get(self, request: Request) -> Response:
         await self.principal(request)
         run_id = request.path_params["run_id"]
-        rec = await h.blocking(self.db.runs.read, run_id)
-        if rec is None:
+        # The backend's own read (the seam's run_read): a remote load() checks the
+        # history against its recorded bounds and format as a local one does.
+        got = await h.blocking(self.db._ops.run_read, _run_id(run_id))
+        if got is None:
             raise agentstate.RunNotFound(f"no run {run_id!r}")
-        return h.JSON({"id": run_id, "snapshot": rec.snapshot, "entries": rec.entries})
+        (snapshot, next_seq, fmt, first), rows = got
+        try:
+            entries = [json.loads(text) for _, text in rows]
+            snap = None if snapshot is None else json.loads(snapshot)
+        except ValueError as e:
+            raise agentstate.Damaged(f"run {run_id!r}: a stored entry or the snapshot is not "
+                                     f"JSON: {e}") from None
+        return h.JSON({"id": run_id, "snapshot": snap, "entries": entries, "first_seq": first,
+                       "next_seq": next_seq, "format": fmt})
 
     async def run_delete(self, request: Request) -> Response:
         await self.principal(request)
@@ -358,26 +368,37 @@ class API:
                if request.query_params.get(k)}
         return flt, h.query_int(request, "limit", 1000) or 1000
 
+    async def visible(self, p: agentstate.Principal,
+                      found: list[agentstate.Change]) -> list[agentstate.Change]:
+        """What of the feed a principal may see: an admin all; anyone else every change but
+        those of other principals' sessions (their ids, turns and state keys)."""
+        if p.admin or not any(_of_a_session(c) for c in found):
+            return found
+        own = {s.id for s in await h.blocking(self.db.sessions.list, p)}
+        return [c for c in found if not _of_a_session(c) or c.scope_id in own]
+
     async def changes(self, request: Request) -> Response:
-        await self.principal(request)
+        p = await self.principal(request)
         since = h.query_int(request, "since", 0)
         wait = h.query_number(request, "wait", 0, MAX_WAIT) or 0.0
         flt, limit = self._feed_args(request)
         deadline = time.monotonic() + wait
         while True:
             found = await h.blocking(self.db.changes, since, limit=limit, **flt)
+            shown = await self.visible(p, found)
+            since = found[-1].seq if found else since  # past what was read, shown or not
             left = deadline - time.monotonic()
-            if found or left <= 0:
-                return h.JSON({"changes": [_change(c) for c in found],
-                               "last": found[-1].seq if found else since})
-            await self.notifier.wait(min(left, 5.0))  # no connection held meanwhile
+            if shown or left <= 0:
+                return h.JSON({"changes": [_change(c) for c in shown], "last": since})
+            if not found:
+                await self.notifier.wait(min(left, 5.0))  # no connection held meanwhile
 
     async def changes_head(self, request: Request) -> Response:
         await self.principal(request)
         return h.JSON({"head": await h.blocking(self.db.last_change)})
 
     async def changes_stream(self, request: Request) -> Response:
-        await self.principal(request)
+        p = await self.principal(request)
         since = h.query_int(request, "since", None)
         last_id = request.headers.get("last-event-id", "")
         if since is None:
@@ -390,9 +411,9 @@ class API:
             yield b": agentstate change stream\n\n"
             while True:
                 found = await h.blocking(self.db.changes, cursor, limit=limit, **flt)
-                for c in found:
+                for c in await self.visible(p, found):
                     yield b"id: %d\ndata: " % c.seq + h.dumps(_change(c)) + b"\n\n"
-                    cursor = c.seq
+                cursor = found[-1].seq if found else cursor
                 if not found and not await self.notifier.wait(15.0):
                     yield b": keep-alive\n\n"
 
@@ -408,6 +429,14 @@ class API:
         b = await h.json_body(request, SettingBody, KIB)
         await h.blocking(self.db.set_setting, request.path_params["name"], b.value)
         return h.JSON(await h.blocking(self.db.settings))
+
+    async def check(self, request: Request) -> Response:
+        await self.admin(request)
+        return h.JSON({"problems": await h.blocking(self.db.check)})
+
+    async def info(self, request: Request) -> Response:
+        await self.admin(request)
+        return h.JSON(await h.blocking(self.db.info))
 
     async def health(self, request: Request) -> Response:
         return h.JSON({"ok": True, "version": agentstate.__version__})
@@ -451,6 +480,16 @@ def _turn(t: agentstate.Turn) -> dict[str, Any]:
 
 def _change(c: agentstate.Change) -> dict[str, Any]:
     return {**c._asdict(), "at": _iso(c.at)}
+
+
+def _of_a_session(c: agentstate.Change) -> bool:
+    return c.topic == "session" or (c.topic == "kv" and c.kind == "session")
+
+
+def _run_id(run_id: str) -> str:
+    from agentstate._encoding import check_key
+
+    return check_key(run_id, "run id")
 
 
 ACTIONS = {"start": LeaseBody, "heartbeat": LeaseBody, "hold": HoldBody, "decide": DecideBody,
@@ -541,6 +580,10 @@ def _routes(api: API) -> list[Route_]:
                errors=()),
         Route_("PUT", "/v1/settings/{name}", api.set_setting, "Change a setting (admin)",
                body=SettingBody, answer="Settings", errors=(400, 403, 413)),
+        Route_("GET", "/v1/admin/check", api.check, "Integrity and invariants (admin)",
+               answer="Problems", errors=(403, 500)),
+        Route_("GET", "/v1/admin/info", api.info, "Sizes, versions, counts (admin)", answer="object",
+               errors=(403,)),
         Route_("GET", "/v1/health", api.health, "Liveness", answer="Health", errors=(), auth=False),
         Route_("GET", "/openapi.json", api.openapi, "This document", answer="object", errors=(),
                auth=False),

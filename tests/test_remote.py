@@ -1,0 +1,94 @@
+"""The behavioural tests of SPEC §2–§5, §9 and §10, run again through ``agentstate.connect()``.
+
+The same test functions, imported from their modules, with one fixture changed:
+``db`` is a remote Database talking HTTP to a real server (uvicorn on a
+loopback port, started per test over a fresh file at ``db_path``). The server
+holds an admin token for "ops", the admin principal of the tests; other
+principals are named per call in X-Agentstate-Principal. Tests that reach
+into the local file's connection (``db._store``) or open their own database
+are left out below, each with its reason.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+import agentstate
+from agentstate.server import create_app
+
+from .test_expiry import *  # noqa: F403
+from .test_feed import *  # noqa: F403
+from .test_pop_async_batch import *  # noqa: F403
+from .test_runs import *  # noqa: F403
+from .test_scope import *  # noqa: F403
+from .test_sessions import *  # noqa: F403
+
+# Left out: what only makes sense in the process that holds the file.
+LEFT_OUT = {
+    # reach into the local connection (db._store) or the file's SQL directly
+    "test_delete_removes_list_items", "test_put_over_list_replaces_items", "test_append_is_o1",
+    "test_delete_cascades", "test_read_is_consistent_while_writing", "test_delete_session",
+    "test_integrity", "test_check_finds_a_hole_made_by_hand", "test_delete",
+    "test_write_entries_and_tail_cost_does_not_grow_with_history", "test_list_does_not_read_histories",
+    "test_put_replaces_a_list_and_its_items", "test_append_is_flat_in_storage",
+    "test_delete_removes_session_turns_and_state",
+    # open databases of their own (hypothesis examples, processes): already run locally
+    "test_setting_values", "test_bad_ttls_are_refused_and_change_nothing",
+    "test_pop_matches_a_python_list", "test_a_polling_reader_never_sees_a_lower_seq_appear",
+    # transaction() cannot span HTTP calls (remote transactions: test_server.py)
+    "test_transaction_rows_are_consecutive_and_rollback_leaves_none",
+    "test_watch_inside_a_transaction_is_a_usage_error", "test_transaction_groups_writes_across_scopes",
+    "test_refused_call_inside_transaction_keeps_earlier_writes", "test_nested_transactions",
+    # the local purge and vacuum run where the file is
+    "test_expired_rows_are_purged_as_writes_happen", "test_vacuum_purges_everything_expired",
+    # the command works on a file or a server URL, not on an HTTP URL
+    "test_command_changes_and_follow", "test_command_prune_trim_settings",
+    "test_an_expired_key_is_absent_to_every_reader",
+    # asyncio timing of the local worker threads (the remote twins are the same code)
+    "test_async_twins_never_block_the_event_loop", "test_aupdate_from_many_tasks_and_threads_loses_nothing",
+    "test_awatch_from_another_process_without_blocking_the_loop",
+}
+for _name in [n for n in list(globals()) if n in LEFT_OUT or n.startswith("Test")
+              or n.endswith("_model") or n.endswith("Model")]:
+    del globals()[_name]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def db(db_path):
+    local = agentstate.open(db_path)
+    token = local.tokens.create("ops", admin=True)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(local), host="127.0.0.1", port=port,
+                                           log_level="error", access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.01)
+    remote = agentstate.connect(f"http://127.0.0.1:{port}", token=token)
+    remote.served = local  # what conftest's digest(), target() and RawSQL() look at
+    yield remote
+    remote.close()
+    server.should_exit = True
+    thread.join(30)
+    local.close()
+
+
+def test_the_fixture_is_remote(db):
+    assert db.path.startswith("http://127.0.0.1:") and db.durability == "server"
+    assert db.check() == [] and db.info()["schema_version"] == 2  # admins ask the server
+    for local_only in (lambda: db.backup("x.db"), db.vacuum, lambda: db.tokens.create("x")):
+        with pytest.raises(agentstate.UsageError):
+            local_only()
