@@ -371,3 +371,52 @@ def test_the_feed_hides_other_principals_sessions(api):
     assert theirs in {c["scope_id"] for c in admin.get("/v1/changes", params={"since": 0}).json()["changes"]}
     r = bob.get("/v1/changes", params={"since": seen["last"], "wait": 0.2})
     assert r.json() == {"changes": [], "last": seen["last"]}
+
+
+def test_connection_failures_are_storage_errors_and_say_when_a_write_may_have_happened():
+    from .serverproc import free_port
+
+    db = agentstate.connect(f"http://127.0.0.1:{free_port()}", token="t" * 43, timeout=2)
+    with pytest.raises(agentstate.StorageError) as read:
+        db.scope("app", "a").get("k")
+    assert read.value.outcome_unknown is False  # a read changes nothing
+    with pytest.raises(agentstate.StorageError) as write:
+        db.scope("app", "a").put("k", 1)
+    assert write.value.outcome_unknown is True  # it may have reached the server
+    db.close()
+    with pytest.raises(agentstate.Closed):
+        db.scope("app", "a").get("k")
+
+
+def _open_fds(pid: int) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_streams_that_disconnect_cost_nothing_after(tmp_path):
+    """Clients that open the event stream or a long poll and go away leave no connection,
+    file or task behind in the server."""
+    srv = serve(str(tmp_path / "served.db"))
+    try:
+        h = {"authorization": f"Bearer {srv.token}"}
+        httpx.get(srv.url + "/v1/changes", headers=h, params={"since": 0})  # warm up
+        time.sleep(0.5)
+        before = _open_fds(srv.proc.pid)
+        for _ in range(20):
+            with httpx.stream("GET", srv.url + "/v1/changes/stream", headers=h, timeout=10) as s:
+                next(s.iter_lines())  # connected and waiting
+            try:
+                httpx.get(srv.url + "/v1/changes", headers=h, timeout=0.2,
+                          params={"since": 0, "wait": 30, "key": "never"})
+            except httpx.TimeoutException:
+                pass  # a long poll the client gave up on
+        with agentstate.open(srv.db) as local:
+            local.scope("app", "a").put("k", 1)  # wakes every waiter still there, if any
+        deadline = time.monotonic() + 30
+        while _open_fds(srv.proc.pid) > before + 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _open_fds(srv.proc.pid) <= before + 2
+        assert httpx.get(srv.url + "/v1/health").status_code == 200
+    finally:
+        srv.stop()
