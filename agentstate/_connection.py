@@ -9,13 +9,13 @@ timeout), ROLLBACK on any exception, COMMIT only on success, and SAVEPOINTs
 when nested inside ``db.transaction()``. Driver errors are translated here,
 where they enter the library.
 
-Group commit (:meth:`Store.call_write`): a write that is not inside
-``db.transaction()`` is queued; the first thread to find no commit under way
-becomes the leader and runs every queued write in one transaction, each in its
-own SAVEPOINT (a refused write rolls back alone), with one COMMIT — one fsync
-at durability full — for them all. Writes that arrive meanwhile queue up for
-the next group, led by the first of them. A caller returns only after the
-COMMIT that covers its write.
+Group commit (:meth:`Store.call_write`): a write outside ``db.transaction()``
+that finds no commit under way is a plain write transaction. One that finds a
+commit under way queues; when that commit ends, the first queued thread leads:
+it runs every queued write in one transaction, each in its own SAVEPOINT (a
+refused write rolls back alone), with one COMMIT — one fsync at durability
+full — for them all, while the next arrivals queue for the group after. A
+caller returns only after the COMMIT that covers its write.
 """
 
 from __future__ import annotations
@@ -414,24 +414,30 @@ class Store:
             with _Write(self) as c:
                 return fn(c, *args)
         self.check_owner()  # inside another thread's transaction(): refused, as with write()
-        item = _Pending(fn, args)
         with self._glock:
-            self._queue.append(item)
-            if self._leading:
-                item.wake = _lock()
-                item.wake.acquire()  # released by the leader: done, or promoted
+            alone = not self._leading
+            if alone:
+                self._leading = True
             else:
-                self._leading = item.lead = True
-        if not item.lead:
+                item = _Pending(fn, args)
+                item.wake.acquire()  # released by the leader: done, or promoted
+                self._queue.append(item)
+        if alone:  # no commit under way: a plain write; what queues meanwhile is the next group
             try:
-                item.wake.acquire()  # type: ignore[union-attr]
-            except BaseException:  # interrupted: leave the queue (a taken write may still commit)
+                with _Write(self) as c:
+                    return fn(c, *args)
+            finally:
                 with self._glock:
-                    if item in self._queue:
-                        self._queue.remove(item)
-                        if item.lead:
-                            self._hand_off()
-                raise
+                    self._hand_off()
+        try:
+            item.wake.acquire()
+        except BaseException:  # interrupted: leave the queue (a taken write may still commit)
+            with self._glock:
+                if item in self._queue:
+                    self._queue.remove(item)
+                    if item.lead:
+                        self._hand_off()
+            raise
         if not item.done:  # promoted: lead the group this write is in
             self._lead(c, item)
         if item.error is not None:
@@ -443,7 +449,7 @@ class Store:
         if self._queue:
             nxt = self._queue[0]
             nxt.lead = True
-            nxt.wake.release()  # type: ignore[union-attr]
+            nxt.wake.release()
         else:
             self._leading = False
 
@@ -458,8 +464,8 @@ class Store:
                     item.done = True
                 self._hand_off()
             for item in group:
-                if item is not mine:  # the others all wait on their wake lock
-                    item.wake.release()  # type: ignore[union-attr]
+                if item is not mine:  # the others wait on their wake lock
+                    item.wake.release()
             if self._closed:
                 self.drop_local()
 
@@ -555,7 +561,7 @@ class _Pending:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = self.lead = False
-        self.wake: Any = None  # a follower's lock, held until it is done or promoted
+        self.wake = _lock()  # acquired by its thread; released by a leader: done, or promoted
 
 
 def _fail(items: list[_Pending], e: BaseException, commit: bool = False) -> None:
