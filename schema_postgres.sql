@@ -255,8 +255,16 @@ END $$;
 
 -- What each write calls with its changes: to the feed now, or (inside a
 -- transaction() block) held in change_pending until feed_flush() at COMMIT.
+-- Every 16th write of a connection also does the bounded purge (a few old feed
+-- rows and expired keys: no write pays for a large one), in its own statement.
 CREATE FUNCTION feed_add(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_writes bigint := coalesce(nullif(current_setting('agentstate.writes', true), ''), '0')::bigint + 1;
 BEGIN
+    PERFORM set_config('agentstate.writes', (v_writes % 16)::text, false);
+    IF v_writes % 16 = 0 THEN
+        ch := ch || (SELECT o_changes FROM feed_purge_step(64));
+    END IF;
     IF current_setting('agentstate.block', true) = 'on' THEN
         INSERT INTO change_pending (topic, op, kind, scope_id, key, version, start, count)
         SELECT u.topic, u.op, u.kind, u.scope_id, u.key, u.version, u.start, u.count
@@ -808,21 +816,31 @@ BEGIN
              ELSE t.status END));
 END $$;
 
--- The bounded housekeeping a write does now and then: up to p_batch feed
--- rows past the retention, and up to p_batch expired keys; how many.
-CREATE FUNCTION feed_purge(p_batch bigint) RETURNS integer LANGUAGE plpgsql AS $$
+-- The bounded purge: up to p_batch feed rows past the retention (the oldest
+-- only: seqs rise with time, so a step never scans the feed) and up to
+-- p_batch expired keys; the expired keys' changes, and how many rows went.
+-- (604800: the default feed_retention, as in agentstate/_feed.py.)
+CREATE FUNCTION feed_purge_step(p_batch bigint, OUT o_changes change_row[], OUT o_rows bigint)
+LANGUAGE plpgsql AS $$
 DECLARE
     v_retention bigint := coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800);
-    v_rows      integer;
-    ch          change_row[];
 BEGIN
     DELETE FROM change WHERE seq IN (
-        SELECT seq FROM change ORDER BY seq LIMIT p_batch FOR UPDATE SKIP LOCKED)
-      AND at < now() - v_retention * interval '1 second';
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
-    ch := kv_purge_expired(p_batch);
-    PERFORM feed_add(ch);
-    RETURN v_rows + cardinality(ch);
+        SELECT seq FROM (SELECT seq, at FROM change ORDER BY seq LIMIT p_batch) oldest
+        WHERE at < now() - v_retention * interval '1 second');
+    GET DIAGNOSTICS o_rows = ROW_COUNT;
+    o_changes := kv_purge_expired(p_batch);
+    o_rows := o_rows + cardinality(o_changes);
+END $$;
+
+-- One purge step by hand (psql: SELECT feed_purge(1000)); how many rows went.
+CREATE FUNCTION feed_purge(p_batch bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    step record;
+BEGIN
+    SELECT * INTO step FROM feed_purge_step(p_batch);
+    PERFORM feed_add(step.o_changes);
+    RETURN step.o_rows;
 END $$;
 
 -- Views for people using psql (the same as schema.sql's for the sqlite3 shell).

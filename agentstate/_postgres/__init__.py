@@ -25,8 +25,7 @@ def connect(url: str, durability: str, busy_timeout: float) -> LocalOps:
     :raises SchemaTooNew: the store was written by a newer agentstate.
     :raises Damaged: the schema holds other tables of the same names.
     """
-    store = Store(url, durability, busy_timeout)
-    store.housekeeping = feed.purge
+    store = Store(url, durability, busy_timeout)  # its writes purge as they go (feed_add)
     repos = SimpleNamespace(kv=kv, runs=runs, sessions=sessions, feed=feed, admin=admin, tokens=tokens,
                             clock=store.clock)
     return LocalOps(store, repos)  # type: ignore[arg-type]

@@ -3,7 +3,8 @@
 The write functions record their changes themselves (``feed_add`` in
 ``schema_postgres.sql``), in commit order: seqs come from the one-row
 ``feed_head`` as the last step of each write and stay locked until it
-commits. ``purge`` is the bounded housekeeping done after every few writes.
+commits. Every 16th write of a connection also purges a few old rows and
+expired keys (``feed_purge_step``); ``purge`` runs one such step on demand.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .store import Conn
 
 __all__ = ["iso", "head", "scan", "settings", "set_setting", "purge"]
 
-PURGE_BATCH = 64  # rows of each kind a purge step (every 16 writes) removes at most
+PURGE_BATCH = 64  # rows of each kind a purge step removes at most (as the writes' own steps)
 COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
 
 

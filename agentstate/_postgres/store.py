@@ -35,9 +35,6 @@ from .._encoding import MAX_VALUE
 from ..errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError, UsageError
 
 POOL_MAX = 16  # connections per process: one per thread inside a write, at most
-# Writes per purge step (feed_purge, PURGE_BATCH rows of each kind): a statement of
-# its own after the write's COMMIT, so it comes every 16 writes, not 8 as on SQLite.
-HOUSEKEEP_EVERY = 16
 RETRIES = 3  # a lone statement that lost a deadlock did nothing: it is run again
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
               "feed_head", "change_pending", "setting", "token")
@@ -194,13 +191,11 @@ class Store:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._closed = False
-        self._writes = 0
         self._pid = os.getpid()
         self._waiters: list[NotifyWaiter] = []
         # The transaction the running code is inside of (see _connection.Store).
         self._txn: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
             "agentstate_pg_txn", default=None)
-        self.housekeeping: Callable[[Conn], Any] | None = None
         with self._connect() as c:  # a clear error for a bad URL or an unreachable server
             self.schema = ensure_schema(c, self.path)
             self.channel = c.execute("SELECT feed_channel()").fetchone()[0]
@@ -448,8 +443,6 @@ class _Write:
                 self._end_transaction(exc)
             elif isinstance(exc, psycopg.Error):
                 raise translate(exc, outcome_unknown=lost_connection(exc)) from None
-            if exc is None:
-                self._housekeeping()
         finally:
             store._checkin(c.raw)
 
@@ -486,18 +479,6 @@ class _Write:
             unknown = lost_connection(e)  # the COMMIT may have happened; a refusal before it did not
             _quiet_rollback(raw)
             raise translate(e, outcome_unknown=unknown) from None
-
-    def _housekeeping(self) -> None:
-        store = self.store
-        if store.housekeeping is None:
-            return
-        store._writes += 1
-        if store._writes % HOUSEKEEP_EVERY:
-            return
-        try:
-            store.housekeeping(Conn(self.c.raw, AUTO))
-        except psycopg.Error:
-            pass  # the write is committed; the next purge step takes over
 
 
 class _Read:
