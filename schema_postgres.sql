@@ -825,9 +825,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_retention bigint := coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800);
 BEGIN
-    DELETE FROM change WHERE seq IN (
-        SELECT seq FROM (SELECT seq, at FROM change ORDER BY seq LIMIT p_batch) oldest
-        WHERE at < now() - v_retention * interval '1 second');
+    DELETE FROM change WHERE seq IN (  -- rows another purge holds are its to delete
+        SELECT seq FROM change
+        WHERE seq IN (SELECT seq FROM change ORDER BY seq LIMIT p_batch)
+          AND at < now() - v_retention * interval '1 second'
+        FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS o_rows = ROW_COUNT;
     o_changes := kv_purge_expired(p_batch);
     o_rows := o_rows + cardinality(o_changes);

@@ -387,3 +387,21 @@ def test_views_and_trim_prune_on_the_server(db):
         assert c.execute("SELECT key, value::text FROM state ORDER BY key") == \
             [("b", '"\\\\xff"'), ("keep", "1")]
         assert c.execute("SELECT entries, first_seq FROM runs") == [(2, 3)]
+
+
+def test_a_long_transaction_that_purged_holds_up_no_other_writer(pg_url):
+    """A transaction() block whose writes purged old feed rows keeps them locked until it
+    ends; other clients' purge steps skip those rows instead of waiting for it."""
+    with agentstate.open(pg_url) as a, agentstate.open(pg_url, busy_timeout=0.5) as b:
+        a.set_setting("feed_retention", 1)
+        for i in range(200):
+            a.scope("app", "old").put(f"k{i % 10}", i)
+        time.sleep(1.2)  # all of those are past the retention now
+        with a.transaction():
+            for i in range(40):  # purge steps inside the block (every 16th write)
+                a.scope("app", "block").put(f"k{i}", i)
+            t0 = time.monotonic()
+            for i in range(40):  # b's own purge steps meet the rows the block holds
+                b.scope("app", "other").put(f"k{i}", i)
+            assert time.monotonic() - t0 < 20
+        assert a.check() == [] and a.changes(a.last_change() - 1)[0].key == "k39"

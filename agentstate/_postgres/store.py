@@ -98,8 +98,9 @@ def translate(e: psycopg.Error, outcome_unknown: bool = False) -> AgentStateErro
     if isinstance(e, _BUSY):
         return Busy(f"the server kept the rows locked by other writers: {e.sqlstate}: "
                     f"{_first_line(e)}")
-    if isinstance(e, pgerr.UndefinedTable):
-        return Damaged(f"the store's tables are missing (dropped outside agentstate?): {_first_line(e)}")
+    if isinstance(e, (pgerr.UndefinedTable, pgerr.UndefinedFunction)):
+        return Damaged(f"the store's tables or functions are missing (dropped outside agentstate?): "
+                       f"{_first_line(e)}")
     if isinstance(e, pgerr.InFailedSqlTransaction):
         return UsageError("an earlier error aborted this transaction(): leave the block")
     if lost_connection(e):
