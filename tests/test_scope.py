@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate import NotAList, VersionConflict
 
-from .conftest import digest
+from . import workers
+from .conftest import digest, target
 
 
 @pytest.fixture
@@ -318,3 +319,30 @@ def test_lists_never_share_items(db):
         s.append(k, [k])
     assert [s.get(k) for k in ("e1", "e2", "p", "x2")] == [["e1"], ["e2"], ["p"], [2]]
     assert db.check() == []
+
+
+def _read_modify_write(target: str, n: int, start, results) -> None:
+    """n blocks of get-then-put on one key, and n update() calls counting fn's runs."""
+    with agentstate.open(target, busy_timeout=30) as db:
+        kv = db.scope("app", "rmw")
+        start.wait()
+        most = 0
+        for _ in range(n):
+            with db.transaction():
+                kv.put("blocks", kv.get("blocks") + 1)
+            runs = []
+            kv.update("updates", lambda v: runs.append(v) or v + 1)
+            most = max(most, len(runs))
+        results.put(most)
+
+
+def test_read_modify_write_in_transactions_from_processes_loses_nothing(db):
+    """4 processes x 30 blocks that read a key and write it back, and 30 update() calls each:
+    no increment is lost, and update()'s fn runs at most twice per call (the retry holds
+    the key: SQLite's write lock, or on PostgreSQL the row it read)."""
+    kv = db.scope("app", "rmw")
+    kv.put("blocks", 0)
+    kv.put("updates", 0)
+    most = workers.race(_read_modify_write, lambda w: (target(db), 30))
+    assert kv.get("blocks") == 120 and kv.get("updates") == 120
+    assert max(most) <= 2

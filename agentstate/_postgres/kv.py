@@ -5,18 +5,29 @@ in ``schema_postgres.sql``), which locks the key's row, checks, writes and
 records its change; each read is one statement. A row whose ``expires_at``
 has passed is absent to every reader (the WHERE clause says so) and expired
 for good by the first writer that meets it, as on SQLite.
+
+Inside a write transaction (``db.transaction()``, an ``update()`` retry) a
+read locks the key's row until the transaction ends (FOR UPDATE): on SQLite
+a transaction holds the file's write lock, so what it read cannot change
+under it; here the rows it read cannot. A key it found absent is not locked
+(``put(..., if_version=0)`` says whether someone created it meanwhile).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .store import Conn
+from .store import TXN, Conn
 
 Row = tuple[Any, ...]
 KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl), as _kv.KEEP
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
 _LIVE = "(expires_at IS NULL OR expires_at > now())"
+
+
+def _lock(c: Conn, of: str = "") -> str:
+    """The locking clause of a read: FOR UPDATE inside a write transaction."""
+    return f" FOR UPDATE{of}" if c.mode is TXN else ""
 
 
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
@@ -27,7 +38,7 @@ def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
                      (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
                       WHERE list_id = kv.list_id)
                    END
-            FROM kv WHERE {_KEY} AND {_LIVE}""",
+            FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}""",
         {"kind": kind, "sid": sid, "key": key}).fetchone()
     if row is None:
         return None
@@ -77,7 +88,7 @@ def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | No
 def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None:
     """(expires_at as unix time,) of a live key, or None when absent."""
     return c.execute(
-        f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}",
+        f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
         {"kind": kind, "sid": sid, "key": key}).fetchone()
 
 
@@ -85,14 +96,14 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
                 stop: int | None) -> list[str] | None:
     """Item texts of list[start:stop] in one statement; None when not a list."""
     rows = c.execute(
-        """SELECT k.type, i.item::text FROM kv k
+        f"""SELECT k.type, i.item::text FROM kv k
            LEFT JOIN list_item i ON i.list_id = k.list_id
              AND i.idx >= (CASE WHEN %(start)s < 0 THEN k.length + %(start)s ELSE %(start)s END)
              AND i.idx < (CASE WHEN %(stop)s::bigint IS NULL THEN k.length
                                WHEN %(stop)s < 0 THEN k.length + %(stop)s ELSE %(stop)s END)
            WHERE k.kind = %(kind)s AND k.scope_id = %(sid)s AND k.key = %(key)s
              AND (k.expires_at IS NULL OR k.expires_at > now())
-           ORDER BY i.idx""",
+           ORDER BY i.idx{_lock(c, " OF k")}""",
         {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop}).fetchall()
     if not rows:
         return []
@@ -103,7 +114,7 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
 
 def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
-    row = c.execute(f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}",
+    row = c.execute(f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
                     {"kind": kind, "sid": sid, "key": key}).fetchone()
     if row is None:
         return 0
