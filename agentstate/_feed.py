@@ -31,6 +31,14 @@ WHERE NOT EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value 
 
 COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
 
+# Of the ?1 oldest rows, those older than ?2; never the newest row (its seq must
+# not be handed out again). A range on seq, not `seq IN (subquery)`: no
+# temporary table, and ~6 µs less per write at NORMAL (benchmarks/PERCALL.md).
+_PURGE = """
+DELETE FROM change WHERE at < ?2 AND seq < coalesce(
+    (SELECT seq FROM change ORDER BY seq LIMIT 1 OFFSET ?1),  -- the first row kept
+    (SELECT max(seq) FROM change))"""
+
 
 def record(c: apsw.Connection, topic: str, op: str, kind: str | None = None,
            sid: str | None = None, key: str | None = None, version: int | None = None,
@@ -95,8 +103,5 @@ def purge(c: apsw.Connection, batch: int = PURGE_BATCH) -> int:
 
     now = time.time()
     cutoff = iso(max(0.0, now - setting(c, "feed_retention")))
-    n = c.execute(  # never the newest row: its seq must not be handed out again
-        """DELETE FROM change WHERE seq IN (SELECT seq FROM change ORDER BY seq LIMIT ?)
-           AND at < ? AND seq < (SELECT max(seq) FROM change) RETURNING seq""",
-        (batch, cutoff)).fetchall()
-    return len(n) + _kv.purge_expired(c, now, batch)
+    c.execute(_PURGE, (batch, cutoff))
+    return c.changes() + _kv.purge_expired(c, now, batch)

@@ -265,3 +265,26 @@ def test_percall_benchmark_smoke():
     text = percall.table("normal", res)
     assert "| put | temp_store FILE |" in text and "| raw apsw put | (the floor) |" in text
     assert _feed.record is record  # the no-feed variant did not leak
+
+
+def test_purge_step_takes_the_oldest_batch_and_never_the_newest_row(db):
+    """The housekeeping every commit group pays for: at most ``batch`` of the oldest
+    rows past the retention, never the newest row (its seq is not handed out again)."""
+    from agentstate import _feed
+
+    store = store_of(db)
+    store.housekeeping = None  # only the calls below purge
+    kv = db.scope("app", "p")
+    with db.transaction():
+        for i in range(40):
+            kv.put(f"k{i}", i)
+    db.set_setting("feed_retention", 1)
+    time.sleep(1.1)
+    counts = []
+    for _ in range(3):
+        with store.write() as c:
+            counts.append(_feed.purge(c, 32))
+    assert counts == [32, 7, 0]
+    assert [c.seq for c in db.changes(db.last_change() - 1)] == [db.last_change()]
+    kv.put("after", 1)
+    assert db.changes(db.last_change() - 1)[0].seq == 41  # 41: set_setting records no row
