@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -24,7 +25,7 @@ from agentstate._postgres import store as pgstore
 from agentstate.cli import cli
 
 from . import pgserver
-from .conftest import RawSQL
+from .conftest import REPO, RawSQL
 
 ALICE = agentstate.Principal("alice")
 
@@ -405,3 +406,13 @@ def test_a_long_transaction_that_purged_holds_up_no_other_writer(pg_url):
                 b.scope("app", "other").put(f"k{i}", i)
             assert time.monotonic() - t0 < 20
         assert a.check() == [] and a.changes(a.last_change() - 1)[0].key == "k39"
+
+
+def test_the_benchmark_runs(tmp_path):
+    """python -m benchmarks.postgres --quick writes both tables (no speed is asserted)."""
+    p = subprocess.run([sys.executable, "-m", "benchmarks.postgres", "--quick", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    md = (tmp_path / "POSTGRES.md").read_text(encoding="utf-8")
+    assert "| get |" in md and "| turn: start + finish |" in md and md.count("**") >= 20
+    assert "| PostgreSQL, full |" in md and "| SQLite file, full |" in md
