@@ -83,6 +83,13 @@ def test_principals_see_only_their_own_sessions(api):
         r = bob.get(path)
         assert r.status_code == 404 and err(r)["code"] == "not_found"  # as for an unknown id
     assert bob.put(f"/v1/sessions/{s['id']}/state/keys/k", json={"value": 1}).status_code == 404
+    alice.put(f"/v1/sessions/{s['id']}/state/keys/k", json={"value": "private"})
+    for r in (bob.get(f"/v1/scopes/session/{s['id']}/keys/k"),  # nor through the plain scope route
+              bob.get(f"/v1/scopes/session/{s['id']}/keys"),
+              bob.put(f"/v1/scopes/session/{s['id']}/keys/k", json={"value": 1})):
+        assert r.status_code == 404 and err(r)["code"] == "not_found"
+    assert alice.get(f"/v1/scopes/session/{s['id']}/keys/k").json()["value"] == "private"
+    assert bob.put("/v1/scopes/session/not-a-session/keys/k", json={"value": 1}).status_code == 200
     assert admin.get(f"/v1/sessions/{s['id']}").status_code == 200
     t = alice.post(f"/v1/sessions/{s['id']}/turns", json={"input": "hi"}).json()
     assert bob.post(f"/v1/turns/{t['id']}/finish", json={}).status_code == 404

@@ -119,7 +119,11 @@ class API:
         params = request.path_params
         if "session_id" in params:  # a session's own state, after the access check
             return await h.blocking(self.db.sessions.state, params["session_id"], p)
-        return self.db.scope(params["kind"], params["id"])
+        scope = self.db.scope(params["kind"], params["id"])
+        if scope.kind == "session" and await self.others_sessions(p, {scope.id}):
+            # another principal's session is as absent here as under /v1/sessions
+            raise NotFound(f"no session {scope.id!r}")
+        return scope
 
     async def get_key(self, request: Request) -> Response:
         s, key = await self.scope(request), request.path_params["key"]
@@ -368,14 +372,30 @@ class API:
                if request.query_params.get(k)}
         return flt, h.query_int(request, "limit", 1000) or 1000
 
+    async def others_sessions(self, p: agentstate.Principal, ids: set[str]) -> set[str]:
+        """Which of ``ids`` are sessions that ``p`` may not see (none for an admin)."""
+        if p.admin or not ids:
+            return set()
+
+        def check() -> set[str]:
+            own = {s.id for s in self.db.sessions.list(p)}
+            out = set()
+            for sid in ids - own:
+                try:
+                    self.db.sessions.get(sid, SEE_ALL)
+                    out.add(sid)  # a session, and not theirs
+                except NotFound:
+                    pass  # a plain scope of kind session: anyone's
+            return out
+
+        return await h.blocking(check)
+
     async def visible(self, p: agentstate.Principal,
                       found: list[agentstate.Change]) -> list[agentstate.Change]:
         """What of the feed a principal may see: an admin all; anyone else every change but
         those of other principals' sessions (their ids, turns and state keys)."""
-        if p.admin or not any(_of_a_session(c) for c in found):
-            return found
-        own = {s.id for s in await h.blocking(self.db.sessions.list, p)}
-        return [c for c in found if not _of_a_session(c) or c.scope_id in own]
+        hidden = await self.others_sessions(p, {c.scope_id for c in found if _of_a_session(c)})
+        return [c for c in found if not (_of_a_session(c) and c.scope_id in hidden)]
 
     async def changes(self, request: Request) -> Response:
         p = await self.principal(request)
@@ -480,6 +500,9 @@ def _turn(t: agentstate.Turn) -> dict[str, Any]:
 
 def _change(c: agentstate.Change) -> dict[str, Any]:
     return {**c._asdict(), "at": _iso(c.at)}
+
+
+SEE_ALL = agentstate.Principal("agentstate-server", admin=True)  # to tell sessions from scopes
 
 
 def _of_a_session(c: agentstate.Change) -> bool:
