@@ -408,6 +408,7 @@ def test_a_long_transaction_that_purged_holds_up_no_other_writer(pg_url):
         assert a.check() == [] and a.changes(a.last_change() - 1)[0].key == "k39"
 
 
+@pytest.mark.slow  # 15 s: CI runs it with the other long ones (-m slow)
 def test_the_benchmark_runs(tmp_path):
     """python -m benchmarks.postgres --quick writes both tables (no speed is asserted)."""
     p = subprocess.run([sys.executable, "-m", "benchmarks.postgres", "--quick", "--out", str(tmp_path)],

@@ -378,11 +378,12 @@ def test_import_reports_malformed_line_and_writes_nothing_of_that_run(db, tmp_pa
 class RunModel(RuleBasedStateMachine):
     """Random creates, writes with overlapping re-sends and gaps, deletes and forks vs a model."""
 
-    target = ""  # the store under test: set by test_run_model
+    store: agentstate.Database  # the store under test (set by test_run_model)
+    target = ""  # what reopen() opens again: the same store
 
     @initialize()
     def setup(self):
-        self.db = agentstate.open(self.target)
+        self.db = self.store
         for run in ("a", "b", "c"):  # each example starts from no runs
             self.db.runs.delete(run)
         self.model: dict[str, tuple[list, dict | None]] = {}
@@ -432,7 +433,8 @@ class RunModel(RuleBasedStateMachine):
 
     @rule()
     def reopen(self):
-        self.db.close()
+        if self.db is not self.store:
+            self.db.close()
         self.db = agentstate.open(self.target)
 
     @invariant()
@@ -449,11 +451,11 @@ class RunModel(RuleBasedStateMachine):
         assert sorted(s.id for s in self.db.runs.list()) == sorted(self.model)
 
     def teardown(self):
-        if hasattr(self, "db"):
+        if hasattr(self, "db") and self.db is not self.store:
             self.db.close()
 
 
 def test_run_model(db):
-    machine = type("RunModelHere", (RunModel,), {"target": target(db)})
+    machine = type("RunModelHere", (RunModel,), {"store": db, "target": target(db)})
     run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=25,
                                                          deadline=None))
