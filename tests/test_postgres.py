@@ -417,3 +417,39 @@ def test_the_benchmark_runs(tmp_path):
     md = (tmp_path / "POSTGRES.md").read_text(encoding="utf-8")
     assert "| get |" in md and "| turn: start + finish |" in md and md.count("**") >= 20
     assert "| PostgreSQL, full |" in md and "| SQLite file, full |" in md
+
+
+def _buffers(url: str, sql: str, args: tuple, warm: tuple | None = None) -> int:
+    """Shared buffers a statement touches (functions included), as EXPLAIN ANALYZE counts them,
+    once it ran with ``warm`` (plans and catalog cached)."""
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", warm or args)
+        plan = c.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", args).fetchone()[0]
+    node = plan[0]["Plan"]
+    return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+
+
+def test_cost_does_not_grow_with_history_or_list_length(db):
+    """A run write, tail and entries(since=), an append and a slice of the end touch as many
+    buffers at 20,000 entries or items as at 100 (the server's counterpart of SQLite's
+    instruction counts in test_runs.py)."""
+    url = db._store.url
+    costs = {}
+    for n in (100, 20_000):
+        run, key = f"r{n}", f"l{n}"
+        db.runs.write(run, [{"seq": i} for i in range(n)], None, create=True)
+        db.scope("app", "a").append(key, list(range(n)))
+        costs[n] = (
+            _buffers(url, "SELECT run_write(%s, %s, %s, NULL, false)",
+                     (run, [n + 1], [f'{{"seq":{n + 1}}}']), warm=(run, [n], [f'{{"seq":{n}}}'])),
+            _buffers(url, "SELECT seq, entry::text FROM run_entry WHERE run_id = %s "
+                          "ORDER BY seq DESC LIMIT 20", (run,)),
+            _buffers(url, "SELECT seq, entry::text FROM run_entry WHERE run_id = %s AND seq >= %s "
+                          "ORDER BY seq LIMIT NULL", (run, n - 19)),
+            _buffers(url, "SELECT kv_append('app', 'a', %s, ARRAY['1'], 3, NULL)", (key,)),
+            _buffers(url, "SELECT i.item::text FROM kv k JOIN list_item i ON i.list_id = k.list_id "
+                          "AND i.idx >= k.length - 2 WHERE k.kind = 'app' AND k.scope_id = 'a' "
+                          "AND k.key = %s", (key,)),
+        )
+    for small, big in zip(costs[100], costs[20_000]):
+        assert big <= small * 1.5 + 5, costs
