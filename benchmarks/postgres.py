@@ -327,9 +327,14 @@ def main() -> None:
             print(lines[-1], flush=True)
         lines += ["", "Every PostgreSQL write takes the change feed's head row as its last step and "
                   "holds it until its COMMIT is done, so that seqs become visible in commit order "
-                  "(SPEC §9): the commits of all writers take turns, fsync included. With the feed "
-                  "off that lock is not taken, which measures what the order costs. SQLite has one "
-                  "writer at a time whatever the feed does.", ""]
+                  "(SPEC §9), and sends a NOTIFY, whose queue lock PostgreSQL itself holds through "
+                  "the commit. So the commits of all writers take turns, their flush included, and "
+                  "durable throughput stays near one commit per flush whatever the number of "
+                  "processes; the work before the commit (validation, the function, row locks) runs "
+                  "side by side, and readers never wait. With the feed off neither lock is taken: "
+                  "the difference is what the order and the wake-ups cost. SQLite has one writer at "
+                  "a time whatever the feed does. On 2 cores shared by the clients, the server and "
+                  "other jobs, 8 processes cannot go 8 times as fast in any case.", ""]
         path = os.path.join(args.out, "POSTGRES.md")
         os.makedirs(args.out, exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
