@@ -13,7 +13,8 @@
 -- are timestamptz from the server's clock; keys and ids sort bytewise
 -- (COLLATE "C"), as on SQLite. Every write is one call of a function below,
 -- so a write is one round trip and one statement; the functions lock rows
--- (SELECT ... FOR UPDATE, ON CONFLICT), never tables.
+-- (SELECT ... FOR UPDATE, ON CONFLICT), never tables; the one lock every write
+-- shares is the feed's head row, taken last and held only through COMMIT.
 --
 -- Refusals raise SQLSTATE P0001 with HINT 'agentstate:<error class>' (VersionConflict,
 -- HistoryGap, ...) and, where the error carries a fact (a version, a turn id, a
@@ -256,7 +257,8 @@ END $$;
 -- What each write calls with its changes: to the feed now, or (inside a
 -- transaction() block) held in change_pending until feed_flush() at COMMIT.
 -- Every 16th write of a connection also does the bounded purge (a few old feed
--- rows and expired keys: no write pays for a large one), in its own statement.
+-- rows and expired keys: no write pays for a large one), inside the write's
+-- statement, before the feed's lock; rows another transaction holds are skipped.
 CREATE FUNCTION feed_add(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_writes bigint := coalesce(nullif(current_setting('agentstate.writes', true), ''), '0')::bigint + 1;
