@@ -33,7 +33,8 @@ SETTINGS = f"{DURABLE} -c fsync=off -c full_page_writes=off -c shared_buffers=64
 def bindir() -> str | None:
     """The folder of initdb and pg_ctl: $PG_BINDIR, the PATH, or Debian's newest version."""
     if os.environ.get("PG_BINDIR"):
-        return os.environ["PG_BINDIR"]
+        given = os.environ["PG_BINDIR"]
+        return given if os.path.exists(os.path.join(given, "initdb")) else None
     found = shutil.which("initdb")
     if found:
         return os.path.dirname(found)
