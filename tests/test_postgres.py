@@ -37,6 +37,21 @@ def db(pg_url):
     d.close()
 
 
+@pytest.fixture
+def new_schema(pg_admin_url):
+    """Makes new empty schemas; on a server of the caller's ($DATABASE_URL) they go afterwards."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(pgserver.new_schema(pg_admin_url))
+        return made[-1]
+
+    yield make
+    if os.environ.get("DATABASE_URL"):
+        for schema in made:
+            pgserver.drop_schema(pg_admin_url, schema)
+
+
 def psql_bin() -> str | None:
     b = pgserver.bindir()
     if b and os.path.exists(os.path.join(b, "psql")):
@@ -183,10 +198,10 @@ def test_a_call_is_one_round_trip(db, monkeypatch):
 
 # -- the schema: search_path, migrations -----------------------------------------
 
-def test_search_path_keeps_stores_apart(pg_admin_url):
+def test_search_path_keeps_stores_apart(pg_admin_url, new_schema):
     """Two schemas of one database are two stores: keys, runs, the feed and its wake-ups."""
-    a_url = pgserver.schema_url(pg_admin_url, pgserver.new_schema(pg_admin_url))
-    b_url = pgserver.schema_url(pg_admin_url, pgserver.new_schema(pg_admin_url))
+    a_url = pgserver.schema_url(pg_admin_url, new_schema())
+    b_url = pgserver.schema_url(pg_admin_url, new_schema())
     with agentstate.open(a_url) as a, agentstate.open(b_url) as b:
         a.scope("app", "x").put("k", "from a")
         b.scope("app", "x").put("k", "from b")
@@ -220,10 +235,10 @@ def _open_at_once(url: str, start, results) -> None:
         results.put(repr(e))
 
 
-def test_two_processes_create_a_fresh_store_at_once(pg_admin_url):
+def test_two_processes_create_a_fresh_store_at_once(pg_admin_url, new_schema):
     """The schema is applied once, in one transaction under an advisory lock: 4 processes
     opening a fresh schema together all succeed and find one store."""
-    url = pgserver.schema_url(pg_admin_url, pgserver.new_schema(pg_admin_url))
+    url = pgserver.schema_url(pg_admin_url, new_schema())
     ctx = mp.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_open_at_once, args=(url, start, results)) for _ in range(4)]
@@ -255,10 +270,10 @@ def _migrate(url: str, start, results) -> None:
         results.put(repr(e))
 
 
-def test_migrations_run_once_under_the_advisory_lock(pg_admin_url):
+def test_migrations_run_once_under_the_advisory_lock(pg_admin_url, new_schema):
     """An older store opened by 3 newer clients at once is migrated exactly once, in one
     transaction; an older client then refuses it with SchemaTooNew and leaves it as is."""
-    url = pgserver.schema_url(pg_admin_url, pgserver.new_schema(pg_admin_url))
+    url = pgserver.schema_url(pg_admin_url, new_schema())
     agentstate.open(url).close()
     ctx = mp.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
@@ -281,10 +296,10 @@ def test_migrations_run_once_under_the_advisory_lock(pg_admin_url):
             pgstore.SCHEMA_VERSION + 1
 
 
-def test_a_schema_of_other_tables_or_none_is_refused(pg_admin_url):
+def test_a_schema_of_other_tables_or_none_is_refused(pg_admin_url, new_schema):
     """A schema holding someone else's kv table is Damaged; a search_path naming no schema
     is a clear StorageError; neither is changed."""
-    schema = pgserver.new_schema(pg_admin_url)
+    schema = new_schema()
     url = pgserver.schema_url(pg_admin_url, schema)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("CREATE TABLE kv (id int)")
@@ -303,8 +318,8 @@ def test_an_unreachable_server_is_a_clear_error():
 
 # -- administration: info, check, the command, psql --------------------------------
 
-def test_info_hides_the_password_and_check_finds_damage(pg_admin_url):
-    schema = pgserver.new_schema(pg_admin_url)
+def test_info_hides_the_password_and_check_finds_damage(pg_admin_url, new_schema):
+    schema = new_schema()
     url = pgserver.schema_url(pg_admin_url.replace("postgres@", "postgres:s3cret@"), schema)
     with agentstate.open(url) as db:
         db.scope("app", "a").append("l", [1, 2])
