@@ -427,3 +427,43 @@ def test_streams_that_disconnect_cost_nothing_after(tmp_path):
         assert httpx.get(srv.url + "/v1/health").status_code == 200
     finally:
         srv.stop()
+
+
+def test_a_batch_cannot_reach_another_principals_session(api):
+    """Found in review: /v1/batch skipped the session access check."""
+    client, db, tok = api
+    alice, bob = client(tok["alice"]), client(tok["bob"])
+    sid = alice.post("/v1/sessions", json={}).json()["id"]
+    alice.put(f"/v1/sessions/{sid}/state/keys/secret", json={"value": "alice's"})
+    for op in ({"op": "put", "scope": f"session:{sid}", "key": "secret", "value": "bob's"},
+               {"op": "delete", "scope": f"session:{sid}", "key": "secret"},
+               {"op": "append", "scope": f"session:{sid}", "key": "l", "items": [1]}):
+        r = bob.post("/v1/batch", json={"ops": [op]})
+        assert r.status_code == 404 and err(r)["code"] == "not_found"
+    assert alice.get(f"/v1/sessions/{sid}/state/keys/secret").json()["value"] == "alice's"
+    assert alice.post("/v1/batch", json={"ops": [{"op": "put", "scope": f"session:{sid}",
+                                                   "key": "x", "value": 1}]}).status_code == 200
+
+
+@pytest.mark.parametrize("query", ["since=%C2%B2", "since=%D9%A1", "limit=%EF%BC%91"])
+def test_non_ascii_digits_are_invalid_not_a_server_error(api, query):
+    """Found in review: '²' passed str.isdigit() and then broke int() (a 500)."""
+    client, _, _ = api
+    r = client().get("/v1/changes?" + query)
+    assert r.status_code == 400 and err(r)["code"] == "invalid_value"
+    r = client().get("/v1/changes/stream", headers={"last-event-id": "²".encode("latin-1")},
+                     params={"limit": 0})
+    assert r.status_code == 400
+
+
+def test_a_deleted_session_stays_hidden_in_the_feed(api):
+    """Found in review: after its deletion, another principal's session showed in /v1/changes."""
+    client, db, tok = api
+    alice, bob = client(tok["alice"]), client(tok["bob"])
+    head = db.last_change()
+    sid = alice.post("/v1/sessions", json={}).json()["id"]
+    alice.put(f"/v1/sessions/{sid}/state/keys/api_key", json={"value": 1})
+    alice.post(f"/v1/sessions/{sid}/turns", json={"input": "secret"})
+    alice.delete(f"/v1/sessions/{sid}")
+    seen = bob.get("/v1/changes", params={"since": head}).json()
+    assert seen["changes"] == [] and seen["last"] == db.last_change()

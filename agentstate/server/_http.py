@@ -9,6 +9,7 @@ number), and the values themselves go to the store, which validates them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -92,12 +93,18 @@ def query_int(request: Request, name: str, default: int | None = None, lo: int =
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    if not (text.isdigit() or (text.startswith("-") and text[1:].isdigit())) or len(text) > 20:
+    if not ascii_int(text):
         raise InvalidValue(f"{name} must be an integer, got {text!r}")
     v = int(text)
     if not lo <= v <= 2**63 - 1:
         raise InvalidValue(f"{name} must be an integer from {lo}, got {v}")
     return v
+
+
+def ascii_int(text: str) -> bool:
+    """An integer as ASCII digits (str.isdigit() also takes '²' and '١', which int() refuses
+    or reads as another number)."""
+    return re.fullmatch(r"-?[0-9]{1,19}", text) is not None
 
 
 def query_number(request: Request, name: str, lo: float, hi: float) -> float | None:

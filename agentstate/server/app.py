@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -30,6 +31,7 @@ from ._models import (AppendBody, BatchBody, DecideBody, FailBody, FinishBody, F
                       LeaseBody, PopBody, PruneRunsBody, PruneSessionsBody, PutBody, SessionBody,
                       SettingBody, TouchBody, TrimBody, TurnBody, WriteBody)
 
+log = logging.getLogger("agentstate.server")
 KIB, MIB = 1024, 1024 * 1024
 BODY_LIMIT = 4 * MIB  # a 1 MiB value, even with every character \\u-escaped in transit
 BATCH_LIMIT = 16 * MIB
@@ -201,8 +203,11 @@ class API:
         return h.JSON({"keys": keys, "next": keys[-1] if limit and len(keys) == limit else None})
 
     async def batch(self, request: Request) -> Response:
-        await self.principal(request)
+        p = await self.principal(request)
         b = await h.json_body(request, BatchBody, BATCH_LIMIT)
+        sessions = {op.scope.partition(":")[2] for op in b.ops if op.scope.startswith("session:")}
+        if await self.others_sessions(p, sessions):  # as absent here as anywhere else
+            raise NotFound("no session: a batch op names a session this principal may not use")
 
         def apply() -> list[Any]:
             with self.db.batch() as bt:
@@ -393,8 +398,14 @@ class API:
     async def visible(self, p: agentstate.Principal,
                       found: list[agentstate.Change]) -> list[agentstate.Change]:
         """What of the feed a principal may see: an admin all; anyone else every change but
-        those of other principals' sessions (their ids, turns and state keys)."""
-        hidden = await self.others_sessions(p, {c.scope_id for c in found if _of_a_session(c)})
+        those of other principals' sessions (their ids, turns and state keys), deleted
+        sessions included."""
+        if p.admin or not any(_of_a_session(c) for c in found):
+            return found
+        own = {s.id for s in await h.blocking(self.db.sessions.list, p)}
+        sessions = {c.scope_id for c in found if c.topic == "session"}  # these were sessions
+        hidden = (sessions - own) | await self.others_sessions(
+            p, {c.scope_id for c in found if _of_a_session(c)} - sessions - own)
         return [c for c in found if not (_of_a_session(c) and c.scope_id in hidden)]
 
     async def changes(self, request: Request) -> Response:
@@ -422,7 +433,8 @@ class API:
         since = h.query_int(request, "since", None)
         last_id = request.headers.get("last-event-id", "")
         if since is None:
-            since = int(last_id) if last_id.isdigit() else await h.blocking(self.db.last_change)
+            since = int(last_id) if h.ascii_int(last_id) and int(last_id) >= 0 \
+                else await h.blocking(self.db.last_change)
         flt, limit = self._feed_args(request)
         await h.blocking(self.db.changes, since, limit=1, **flt)  # refuse a bad cursor up front
 
@@ -628,7 +640,8 @@ def create_app(db: agentstate.Database) -> Starlette:
             return h.error_response(exc)
         if isinstance(exc, json.JSONDecodeError):
             return h.error_response(InvalidValue(f"stored bytes are not JSON: {exc}"))
-        return h.JSON({"error": {"code": "error", "message": f"{type(exc).__name__}: {exc}"}},
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return h.JSON({"error": {"code": "error", "message": "internal error (see the server's log)"}},
                       status_code=500)
 
     async def not_found(request: Request, exc: Exception) -> Response:

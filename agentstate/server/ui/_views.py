@@ -275,7 +275,8 @@ class UI:
         """The change feed as server-sent events, for a signed-in page (an EventSource
         cannot send the API's Authorization header; it sends the cookie)."""
         last_id = request.headers.get("last-event-id", "")
-        since = int(last_id) if last_id.isdigit() else await h.blocking(self.db.last_change)
+        since = int(last_id) if h.ascii_int(last_id) and int(last_id) >= 0 \
+            else await h.blocking(self.db.last_change)
         db, notifier = self.db, self.api.notifier
         visible = await h.blocking(pages.Visible, db, s.principal)
 
