@@ -211,7 +211,11 @@ def vacuum(store: Store) -> dict[str, int]:
     try:
         c = store.conn()
         c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        c.execute("VACUUM")
+        c.execute("PRAGMA temp_store = FILE")  # VACUUM builds its copy in the temp store: disk, not RAM
+        try:
+            c.execute("VACUUM")
+        finally:
+            c.execute("PRAGMA temp_store = MEMORY")
         c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except apsw.Error as e:
         raise translate(e) from None

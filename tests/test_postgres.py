@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 import sys
 import threading
 import time
@@ -359,14 +361,9 @@ def test_the_command_on_a_url(pg_url):
     assert not os.path.exists("/tmp/agentstate-never.db")
 
 
-# The queries the README shows for psql, run as psql would run them.
-README_QUERIES = [
-    "SELECT kind, scope_id, key, value, version FROM state WHERE scope_id = 's-42'",
-    "SELECT value ->> 'text' FROM state WHERE kind = 'session' AND key = 'note'",
-    "SELECT seq, type, entry FROM run_history WHERE run_id = 'run-1' ORDER BY seq DESC LIMIT 5",
-    "SELECT session_id, owner, status, lease_until, lease_lapsed FROM active_turns",
-    "SELECT seq, at, op, scope_id, key FROM changes ORDER BY seq DESC LIMIT 10",
-]
+# The queries the README shows for psql, read from it and run as psql would run them.
+README_QUERIES = re.findall(r'^psql "\$AGENTSTATE_DB" -c "(.*)"$',
+                            (Path(__file__).parent.parent / "README.md").read_text(), re.M)
 
 
 def test_psql_reads_the_views(db):
