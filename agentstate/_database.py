@@ -229,6 +229,9 @@ def open(
     target = path if path is not None else default_path()
     if isinstance(target, str) and is_server_url(target):
         return _open_server(target, durability, busy_timeout)
+    if isinstance(target, str) and target.startswith(("http://", "https://")):
+        raise UsageError(f"open() takes a file path or a postgresql:// URL, not {target!r}: "
+                         "for an agentstate server use agentstate.connect(url, token=...)")
     try:
         options = Options(
             path=fs_path(target),

@@ -92,3 +92,11 @@ def test_the_fixture_is_remote(db):
     for local_only in (lambda: db.backup("x.db"), db.vacuum, lambda: db.tokens.create("x")):
         with pytest.raises(agentstate.UsageError):
             local_only()
+
+
+def test_open_refuses_an_http_url(tmp_path, monkeypatch):
+    """A URL is never taken for a file name: open() of an http URL says to use connect()."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(agentstate.UsageError, match="connect"):
+        agentstate.open("http://127.0.0.1:8765")
+    assert list(tmp_path.iterdir()) == []
