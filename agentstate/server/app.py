@@ -375,7 +375,7 @@ class API:
     def _feed_args(self, request: Request) -> tuple[dict[str, Any], int]:
         flt = {k: request.query_params[k] for k in ("topic", "kind", "scope_id", "key")
                if request.query_params.get(k)}
-        return flt, h.query_int(request, "limit", 1000) or 1000
+        return flt, h.query_int(request, "limit", 1000, lo=1) or 1000
 
     async def others_sessions(self, p: agentstate.Principal, ids: set[str]) -> set[str]:
         """Which of ``ids`` are sessions that ``p`` may not see (none for an admin)."""
