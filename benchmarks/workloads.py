@@ -115,6 +115,41 @@ def _timebox(fn: Any, budget: float, most: int, out: list[float]) -> Generator[N
     out[0] = n / spent
 
 
+def settle(path: str) -> None:
+    """After untimed setup, with the system's handles closed: leave nothing of it
+    for the timed part to pay, whatever the system.
+
+    Every SQLite file under ``path`` gets its WAL checkpointed and truncated (a
+    system whose close() leaves a WAL would otherwise pay the setup's
+    checkpoint inside its first timed writes), then ``os.sync()`` writes back
+    every dirty page and commits the filesystem's journal: on ext4 an fsync
+    commits the journal for *all* files, so the next system to fsync at FULL
+    would otherwise pay for the file growth, WAL deletions and copies of
+    everyone's setup.
+    """
+    import apsw
+
+    for d, _, files in os.walk(path):
+        for f in files:
+            fp = os.path.join(d, f)
+            if f.endswith(("-wal", "-shm", "-journal")):
+                continue
+            try:
+                with open(fp, "rb") as fh:
+                    if fh.read(16) != b"SQLite format 3\x00":
+                        continue
+                c = apsw.Connection(fp, flags=apsw.SQLITE_OPEN_READWRITE)
+            except (OSError, apsw.Error):
+                continue
+            try:
+                c.set_busy_timeout(5000)
+                if c.pragma("journal_mode") == "wal":
+                    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                c.close()
+    os.sync()
+
+
 def _sysdir(root: str, sysname: str, *parts: str) -> str:
     p = os.path.join(root, sysname, *parts)
     os.makedirs(p, exist_ok=True)
@@ -188,6 +223,7 @@ class Get(Workload):
             h.bulk_put([(f"g{i:06d}", kv_value(i)) for i in range(self.z.get_keys)])
         finally:
             h.close()
+        settle(_sysdir(self.root, sysname))
 
     def measure(self, sysname, dur, r):
         rng = random.Random(r)
@@ -355,9 +391,11 @@ class Append(Workload):
             for n in self.z.append_lengths:
                 key = f"l-{r}-{n}"
                 h.set_list(key, [message(i) for i in range(n)])
-                # reopen: closing checkpoints the WAL, so no system starts its
-                # timed appends with the list-building transaction still in it
+                # closed, checkpointed and synced (settle), then reopened: no
+                # system starts its timed appends with the list-building
+                # transaction still in its WAL or the filesystem's journal
                 h.close()
+                settle(path)
                 h = systems.get(sysname).open(path, dur)
                 yield
                 acc = [0.0]
@@ -408,6 +446,7 @@ class History(Workload):
             h.close()
         # the NORMAL runs get their own copy of the same runs
         shutil.copytree(full, os.path.join(self.root, sysname, "normal"), dirs_exist_ok=True)
+        settle(os.path.join(self.root, sysname))
 
     def measure(self, sysname, dur, r):
         h = systems.get(sysname).open(_sysdir(self.root, sysname, dur), dur)
@@ -459,6 +498,7 @@ class List(Workload):
                         for i in range(self.z.list_match)])
         finally:
             h.close()
+        settle(_sysdir(self.root, sysname))
 
     def measure(self, sysname, dur, r):
         h = systems.get(sysname).open(_sysdir(self.root, sysname), dur)
