@@ -63,6 +63,9 @@ UPDATE kv SET version = version + 1, type = :type, value = :value, list_id = :li
               length = :length, size = :size, updated_at = :stamp,
               expires_at = iif(:keep, expires_at, :expires)
 WHERE kind = :kind AND scope_id = :sid AND key = :key"""
+_EXTEND = """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7,
+                             expires_at = iif(?8, expires_at, ?9)
+              WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
 _NEW_LIST = "UPDATE list_seq SET last = last + 1 RETURNING last"
 _ADD_ITEMS = "INSERT INTO list_item (list_id, idx, item) VALUES (?, ?, ?)"
 _DROP_ITEMS = "DELETE FROM list_item WHERE list_id = ?"
@@ -224,12 +227,7 @@ def append(
             "expires": expires}).fetchone()[0]
     else:
         list_id, version = row[2], row[0] + 1
-        c.execute(
-            """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7,
-                             expires_at = iif(?8, expires_at, ?9)
-               WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
-            (kind, sid, key, version, length + n, new_size, stamp, keep, expires),
-        )
+        c.execute(_EXTEND, (kind, sid, key, version, length + n, new_size, stamp, keep, expires))
     _add_items(c, list_id, length, items)
     _feed.record(c, "kv", "append", kind, sid, key, version, length, n)
     return length + n, version

@@ -10,6 +10,10 @@ from typing import Any
 from . import systems
 
 DUR_LABEL = {"full": "FULL", "normal": "NORMAL"}
+# Not peers: raw apsw with its own least SQL (the floor; every ×apsw divides by
+# it) and raw apsw running agentstate's own statements (issue 15's baseline).
+BASELINES = ("apsw", "apsw_same")
+SAME = "apsw_same"
 
 
 # -- numbers -----------------------------------------------------------------------
@@ -190,7 +194,7 @@ def _rows(hm: list[tuple[dict, str]], d: str):
 def headline(results: list[dict], names: list[str]) -> str:
     lines = []
     hm = headline_metrics(results)
-    peers = [n for n in names if n not in ("agentstate", "apsw")]
+    peers = [n for n in names if n not in ("agentstate", *BASELINES)]
     for d in ("full", "normal"):
         lines.append(f"\n**{DUR_LABEL[d]}** — each system's speed ÷ raw apsw's (median, min–max over rounds)\n")
         _table_head(lines, ["workload"] + [_label(n) for n in names if n != "apsw"])
@@ -204,11 +208,13 @@ def headline(results: list[dict], names: list[str]) -> str:
                 cells.append(fratio(c["ratio"].get(m), bold=(n == "agentstate")) if _ok(c)
                              else _brief(c["status"]))
             lines.append("| " + " | ".join(cells) + " |")
-        lines.append(f"\n**{DUR_LABEL[d]}** — agentstate's speed ÷ each peer's, same round (>1: agentstate ahead)\n")
-        _table_head(lines, ["workload"] + [_label(n) for n in peers])
+        lines.append(f"\n**{DUR_LABEL[d]}** — agentstate's speed ÷ each peer's (first: ÷ raw apsw running "
+                     "agentstate's own SQL), same round (>1: agentstate ahead)\n")
+        cols = [n for n in names if n == SAME] + peers
+        _table_head(lines, ["workload"] + [_label(n) for n in cols])
         for res, m, dd in _rows(hm, d):
             cells = [_short(res, m)]
-            for p in peers:
+            for p in cols:
                 v = vs_peer(res, dd, p, m)
                 a = res["cells"][dd]["agentstate"]
                 why = res["cells"][dd][p]["status"] if _ok(a) else "agentstate " + _brief(a["status"])
@@ -262,6 +268,16 @@ def targets(results: list[dict], names: list[str]) -> list[tuple[bool | None, st
                             f"{v['median']:.2f}×" for m, v in vals)
             out.append((worst[1]["median"] >= floor,
                         f"{'history write' if w == 'history' else w} ≥ {floor}× raw apsw at {DUR_LABEL[d]}: {txt}"))
+            if SAME in names and w in ("put", "update", "append", "history"):
+                same = [(m, vs_peer(by[w], d, SAME, m)) for m in ms]
+                what = f"{'history write' if w == 'history' else w} ≥ {floor}× raw apsw running the same SQL"
+                if any(v is None for _, v in same):
+                    out.append((None, f"{what} at {DUR_LABEL[d]}: not measured"))
+                    continue
+                txt = ", ".join(f"{m.split('@')[-1].strip() + ' ' if '@' in m else ''}"
+                                f"{v['median']:.2f}×" for m, v in same)
+                out.append((min(v["median"] for _, v in same) >= floor,
+                            f"{what} at {DUR_LABEL[d]}: {txt}"))
     for w, label in (("append", "append"), ("history", "history write")):
         if w not in by:
             continue
@@ -294,7 +310,7 @@ def targets(results: list[dict], names: list[str]) -> list[tuple[bool | None, st
     for res in results:
         for d, row in res["cells"].items():
             for p in names:
-                if p in ("agentstate", "apsw"):
+                if p in ("agentstate", *BASELINES):
                     continue
                 for m in res["metrics"]:
                     v = vs_peer(res, d, p, m)
@@ -331,7 +347,14 @@ def markdown(results: list[dict], meta: dict[str, Any]) -> str:
              "(contention and cold open own the machine and run one at a time). **×apsw** is the run's figure divided by raw apsw's in the "
              "same round (for cold open: apsw's time ÷ the system's), median (min–max): above 1 is faster "
              "than raw apsw. Raw apsw is the floor: the least SQL for the same operation, one "
-             "`BEGIN IMMEDIATE … COMMIT` per write, WAL, the same `synchronous`, json.dumps/loads for values.\n")
+             "`BEGIN IMMEDIATE … COMMIT` per write, WAL, the same `synchronous`, json.dumps/loads for values. "
+             "It does less than agentstate: no versions, no change-feed row, no expiry (SPEC §2, §9, §10). "
+             "So a second baseline, **raw apsw, same SQL**, runs agentstate's own statements on agentstate's "
+             "schema with agentstate's pragmas (its upsert with the version and tombstone probe, the "
+             "change row, the same purge every 8th write), json.dumps/loads and no other Python: "
+             "agentstate's speed over it is the price of agentstate's Python alone. Both ratios are "
+             "shown: the targets below state each (issue 15 asks for ≥ 0.8× of the same SQL; the "
+             "lines against the floor are the older ones, kept so no goalpost moves unseen).\n")
     L.append("## Machine\n")
     L.append("| | |\n|---|---|")
     for k, v in meta["machine"].items():

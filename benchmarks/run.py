@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=HERE, help="folder for RESULTS.md and ratios.png")
     ap.add_argument("--only", default="", help="comma-separated workloads (default: all)")
     ap.add_argument("--systems", default="", help="comma-separated systems (default: all; "
-                    "agentstate and apsw are always run)")
+                    "agentstate and both raw apsw baselines are always run)")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--pretend-missing", default="", help=argparse.SUPPRESS)  # tests: "not installed"
     args = ap.parse_args(argv)
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown workload {w!r}; one of {', '.join(workloads.WORKLOADS)}")
     names = list(systems.SYSTEMS)
     if args.systems:
-        sel = set(args.systems.split(",")) | {"agentstate", "apsw"}
+        sel = set(args.systems.split(",")) | {"agentstate", *report.BASELINES}
         unknown = sel - set(names)
         if unknown:
             ap.error(f"unknown systems {sorted(unknown)}; of {', '.join(names)}")
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()  # what is imported now is never scanned again: less GC noise in the timings
     for n in args.pretend_missing.split(","):
-        if n in names and n not in ("agentstate", "apsw"):
+        if n in names and n not in ("agentstate", *report.BASELINES):
             missing[n] = "not installed (pretended)"
     for n, why in missing.items():
         log(f"{n}: {why}")

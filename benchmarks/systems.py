@@ -15,6 +15,7 @@ import asyncio
 import importlib
 import json
 import os
+import time
 from typing import Any
 
 SYNC = {"full": "FULL", "normal": "NORMAL"}
@@ -347,6 +348,193 @@ class RawApsw(System):
 
     def open(self, path, durability):
         return ApswHandle(path, durability)
+
+
+# -- raw apsw on agentstate's schema, running agentstate's SQL --------------------
+
+
+class ApswSameHandle(Handle):
+    """Raw apsw doing, per call, the very statements agentstate runs (issue 15).
+
+    The original raw apsw baseline above does less than agentstate: no version,
+    no change-feed row, no expiry. This one opens agentstate's own schema with
+    agentstate's pragmas and runs agentstate's own SQL text (imported from its
+    repository modules where it is a constant, copied where it is inline) with
+    json.dumps and as little Python as can be: what separates agentstate from it is
+    the Python around the same statements (validation, encoding, the call
+    chain, group commit's bookkeeping). Housekeeping too: every 8th write the same
+    bounded purge. Setup (lists and runs built untimed) goes through agentstate.
+    """
+
+    KIND, SID = "app", "bench"
+
+    def __init__(self, path: str, durability: str) -> None:
+        import apsw
+
+        import agentstate
+        from agentstate import _connection, _feed, _kv
+
+        self.file = os.path.join(path, "agentstate.db")
+        agentstate.open(self.file, durability=durability).close()  # the schema
+        c = apsw.Connection(self.file, flags=apsw.SQLITE_OPEN_READWRITE)
+        c.set_busy_timeout(5000)
+        c.pragma("journal_mode", "wal")
+        c.pragma("synchronous", SYNC[durability])
+        c.pragma("foreign_keys", "ON")
+        c.pragma("cache_size", -16384)
+        c.pragma("temp_store", "MEMORY")
+        self.c, self.dur = c, durability
+        self.kv, self.feed, self.now_iso = _kv, _feed, _connection.now_iso
+        self.every = _connection.HOUSEKEEP_EVERY
+        self.writes = 0
+
+    def _done(self) -> None:
+        """Before COMMIT: the housekeeping agentstate does every 8th write."""
+        self.writes += 1
+        if self.writes % self.every == 0:
+            self.feed.purge(self.c)
+
+    def _agentstate(self) -> Any:
+        import agentstate
+
+        return agentstate.open(self.file, durability=self.dur)
+
+    def put(self, key, value):
+        c, kv = self.c, self.kv
+        text = _dumps(value)
+        now, stamp = time.time(), self.now_iso()
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            v = c.execute(kv._UPSERT, {
+                "kind": self.KIND, "sid": self.SID, "key": key, "type": "json", "value": text,
+                "size": len(text) if text.isascii() else len(text.encode()), "stamp": stamp,
+                "now": now, "expires": None}).fetchone()[0]
+            c.execute(self.feed._RECORD, (stamp, "kv", "put", self.KIND, self.SID, key, v, None, None))
+            self._done()
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def _get_row(self, key):
+        return self.kv.get(self.c, self.KIND, self.SID, key)  # one SELECT, agentstate's
+
+    def get(self, key):
+        row = self._get_row(key)
+        return None if row is None else _loads(row[1])
+
+    def bulk_put(self, items):
+        db = self._agentstate()
+        s = db.scope(self.KIND, self.SID)
+        try:
+            for i in range(0, len(items), 5000):
+                with db.transaction():
+                    for k, v in items[i : i + 5000]:
+                        s.put(k, v)
+        finally:
+            db.close()
+
+    def incr(self, key):
+        # update(): read outside the transaction, +1 in Python, then compare-and-set
+        c, kv = self.c, self.kv
+        row = self._get_row(key)
+        text = _dumps(_inc(0 if row is None else _loads(row[1])))
+        now, stamp = time.time(), self.now_iso()
+        args = {"kind": self.KIND, "sid": self.SID, "key": key, "type": "json", "value": text,
+                "size": len(text), "stamp": stamp, "now": now, "expires": None, "keep": True,
+                "if_version": 0 if row is None else row[2]}
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            v = c.execute(kv._CREATE_IF_ABSENT if row is None else kv._REPLACE_AT, args).fetchone()[0]
+            c.execute(self.feed._RECORD, (stamp, "kv", "put", self.KIND, self.SID, key, v, None, None))
+            self._done()
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def counter(self, key):
+        v = self.get(key)
+        return 0 if v is None else v
+
+    def set_list(self, key, items):
+        db = self._agentstate()
+        try:
+            db.scope(self.KIND, self.SID).put(key, items)
+        finally:
+            db.close()
+
+    def append(self, key, item):
+        c, kv = self.c, self.kv
+        text = _dumps(item)
+        now, stamp = time.time(), self.now_iso()
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            version, _type, list_id, length, size, _exp = c.execute(
+                kv._FIND, {"kind": self.KIND, "sid": self.SID, "key": key}).fetchone()
+            c.execute(kv._EXTEND, (self.KIND, self.SID, key, version + 1, length + 1,
+                                   size + len(text) + 1, stamp, True, None))
+            c.execute(kv._ADD_ITEMS, (list_id, length, text))
+            c.execute(self.feed._RECORD, (stamp, "kv", "append", self.KIND, self.SID, key,
+                                          version + 1, length, 1))
+            self._done()
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def run_create(self, run, entries, snapshot):
+        db = self._agentstate()
+        try:
+            for i in range(0, max(len(entries), 1), 1000):
+                db.runs.write(run, entries[i : i + 1000], snapshot, create=(i == 0))
+        finally:
+            db.close()
+
+    def run_write(self, run, entry, snapshot):
+        # agentstate's _runs_repo.write for one entry, its statements copied
+        c = self.c
+        text, snap = _dumps(entry), _dumps(snapshot)
+        stamp = self.now_iso()
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            next_seq, _first = c.execute("SELECT next_seq, first_seq FROM run WHERE id = ?",
+                                         (run,)).fetchone()
+            c.execute("""UPDATE run SET snapshot = coalesce(?1, snapshot), next_seq = ?2, updated_at = ?3
+                         WHERE id = ?4 AND next_seq = ?5""", (snap, next_seq + 1, stamp, run, next_seq))
+            c.execute("INSERT INTO run_entry (run_id, seq, entry) VALUES (?, ?, ?)", (run, next_seq, text))
+            c.execute(self.feed._RECORD, (stamp, "run", "write", None, run, None, None, next_seq, 1))
+            self._done()
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def run_tail(self, run, n, last_seq):
+        rows = self.c.execute(
+            "SELECT entry FROM run_entry WHERE run_id = ? ORDER BY seq DESC LIMIT ?", (run, n)
+        ).fetchall()
+        return [_loads(r[0]) for r in reversed(rows)]
+
+    def sync_level(self):
+        return SYNC_NAMES[self.c.pragma("synchronous")]
+
+    def close(self):
+        self.c.close()
+
+
+class ApswSame(System):
+    name = "apsw_same"
+    label = "raw apsw, same SQL"
+    package = "apsw"
+    modules = ("apsw", "agentstate")
+    how_sync = "`PRAGMA synchronous` on its connection"
+    supports = frozenset(["put", "get", "update", "append", "history"])
+    na_why = {w: "a baseline for the per-call cost of writes and reads only"
+              for w in ("contention", "list", "coldopen")}
+
+    def open(self, path, durability):
+        return ApswSameHandle(path, durability)
 
 
 # -- diskcache -------------------------------------------------------------------
@@ -760,7 +948,7 @@ class OaiSession(System):
 
 SYSTEMS: dict[str, System] = {
     s.name: s
-    for s in (Agentstate(), RawApsw(), Diskcache(), Sqlitedict(), LgStore(), LgSaver(), OaiSession())
+    for s in (Agentstate(), RawApsw(), ApswSame(), Diskcache(), Sqlitedict(), LgStore(), LgSaver(), OaiSession())
 }
 
 

@@ -187,6 +187,8 @@ class Put(Workload):
     how = {
         "agentstate": "`scope.put(key, value)`",
         "apsw": "`BEGIN IMMEDIATE; INSERT ... ON CONFLICT DO UPDATE; COMMIT` (json.dumps'd value)",
+        "apsw_same": "agentstate's statements on its schema: `BEGIN IMMEDIATE`; its upsert (version, "
+                     "tombstone probe, expiry) `RETURNING version`; the change row; `COMMIT`",
         "diskcache": "`cache.set(key, value)` (pickled)",
         "sqlitedict": "`d[key] = value; d.commit()` (pickled)",
         "lg_store": '`store.put(("kv",), key, value)`',
@@ -212,6 +214,7 @@ class Get(Workload):
     how = {
         "agentstate": "`scope.get(key)`",
         "apsw": "`SELECT value FROM kv WHERE key = ?` + json.loads",
+        "apsw_same": "agentstate's `SELECT` (expiry, list items) + json.loads",
         "diskcache": "`cache.get(key)`",
         "sqlitedict": "`d.get(key)` (through its worker thread)",
         "lg_store": '`store.get(("kv",), key).value`',
@@ -246,6 +249,8 @@ class Update(Workload):
     how = {
         "agentstate": "`scope.update(key, lambda n: n + 1, default=0)`",
         "apsw": "`BEGIN IMMEDIATE; SELECT; (Python +1); INSERT ... ON CONFLICT DO UPDATE; COMMIT`",
+        "apsw_same": "agentstate's statements: its `SELECT`; (Python +1); `BEGIN IMMEDIATE`; the "
+                     "compare-and-set `UPDATE ... WHERE version = ? RETURNING version`; the change row; `COMMIT`",
         "diskcache": "`cache.incr(key)` (atomic)",
         "sqlitedict": "`d[k] = d.get(k, 0) + 1; d.commit()` (read-modify-write)",
         "lg_store": "`store.get` then `store.put` (read-modify-write)",
@@ -374,6 +379,8 @@ class Append(Workload):
     how = {
         "agentstate": "`scope.append(key, [message])`",
         "apsw": "`BEGIN IMMEDIATE; INSERT INTO item SELECT ?, coalesce(max(idx)+1, 0), ? ...; COMMIT`",
+        "apsw_same": "agentstate's statements: `BEGIN IMMEDIATE`; read the key's row; `UPDATE` its "
+                     "version, length, size; `INSERT` the item; the change row; `COMMIT`",
         "diskcache": "`cache.push(message, prefix=key)` (its own queue append)",
         "sqlitedict": "`lst = d[key]; lst.append(m); d[key] = lst; d.commit()` (whole list rewritten)",
         "lg_store": '`store.get` + `store.put(ns, key, {"items": [...]})` (whole list rewritten)',
@@ -414,6 +421,9 @@ class History(Workload):
         "agentstate": "`db.runs.write(run_id, [entry], snapshot)`; `db.runs.tail(run_id, 20)`",
         "apsw": "`BEGIN IMMEDIATE; INSERT INTO entry; UPDATE run SET snapshot; COMMIT`; "
                 "`SELECT ... ORDER BY seq DESC LIMIT 20`",
+        "apsw_same": "agentstate's statements: `BEGIN IMMEDIATE`; read next_seq; `UPDATE run` "
+                     "(snapshot, next_seq); `INSERT` the entry (its no-gap trigger); the change row; "
+                     "`COMMIT`; the same tail `SELECT`",
         "diskcache": "`with cache.transact(): set(entry key); set(snapshot key)`; 20 `get`s of the "
                      "last seq keys",
         "sqlitedict": "`d[entry key] = e; d[snapshot key] = s; d.commit()`; 20 `d[...]` reads",
