@@ -70,6 +70,8 @@ CREATE TABLE run (
     updated_at TEXT    NOT NULL,
     first_seq  INTEGER NOT NULL DEFAULT 0 CHECK (first_seq >= 0 AND first_seq <= next_seq)  -- trim() moves it up
 ) STRICT;
+-- runs.list() pages newest update first without reading the table.
+CREATE INDEX run_by_update ON run (updated_at);
 
 -- The append-only history of a run. The primary key makes a duplicate seq
 -- impossible, and the triggers below make a gap impossible, whoever writes.
@@ -99,6 +101,7 @@ CREATE TABLE session (
     metadata   TEXT NOT NULL DEFAULT '{}'  -- JSON object
 ) STRICT;
 CREATE INDEX session_by_owner ON session (owner, created_at);
+CREATE INDEX session_by_time ON session (created_at, id);  -- an admin's sessions.list() pages
 
 -- Turns of a session. status follows queued -> running -> finished | failed;
 -- running -> held -> decided -> resuming -> finished | failed; a queued or
@@ -124,6 +127,11 @@ CREATE TABLE turn (
 -- One turn at a time, across processes: at most one queued or running turn
 -- per session. start_turn expires lapsed leases first, in the same transaction.
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
+
+-- sessions.turns_by_status(): the turns that block or may still act, newest
+-- change first; finished ones (the bulk) stay out of the index.
+CREATE INDEX turn_by_status ON turn (status, updated_at)
+WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming');
 
 -- The change feed (SPEC §9): one row per committed change, written in the
 -- same transaction as the change. Writers take turns (one write lock), so
@@ -201,4 +209,4 @@ WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
 CREATE VIEW changes AS
 SELECT seq, at, topic, op, kind, scope_id, key, version, start, count FROM change;
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;

@@ -46,4 +46,10 @@ def _v1_to_v2(c: apsw.Connection, schema: str) -> None:
         c.execute(schema_object(schema, name))
 
 
-MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {1: _v1_to_v2}
+def _v2_to_v3(c: apsw.Connection, schema: str) -> None:
+    """Indexes for paged lists of runs, sessions and turns by status (issue 16)."""
+    for name in ("run_by_update", "session_by_time", "turn_by_status"):
+        c.execute(schema_object(schema, name))
+
+
+MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {1: _v1_to_v2, 2: _v2_to_v3}

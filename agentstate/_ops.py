@@ -157,9 +157,9 @@ class LocalOps:
     def run_delete(self, run_id: str) -> bool:
         return self._write(self.runs.delete, run_id)
 
-    def run_list(self) -> list[Row]:
-        with self.store.read() as c:
-            return self.runs.summaries(c)
+    def run_list(self, after: str | None, limit: int | None) -> list[Row]:
+        with self.store.snapshot() as c:
+            return self.runs.summaries(c, after, limit)
 
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
         with self.store.write() as c:
@@ -183,9 +183,9 @@ class LocalOps:
         with self.store.read() as c:
             return self.sessions.session_row(c, session_id, name, admin)
 
-    def session_list(self, name: str, admin: bool) -> list[Row]:
-        with self.store.read() as c:
-            return self.sessions.sessions(c, name, admin)
+    def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
+        with self.store.snapshot() as c:
+            return self.sessions.sessions(c, name, admin, after, limit)
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
         with self.store.write() as c:
@@ -225,10 +225,17 @@ class LocalOps:
         with self.store.snapshot() as c:
             return self._visible_turn(c, turn_id, name, admin)
 
-    def turn_list(self, session_id: str, name: str, admin: bool) -> list[Row]:
+    def turn_list(self, session_id: str, name: str, admin: bool, after: str | None,
+                  limit: int | None) -> list[Row]:
         with self.store.snapshot() as c:
             self.sessions.session_row(c, session_id, name, admin)
-            return self.sessions.turns(c, session_id)
+            return self.sessions.turns(c, session_id, after, limit)
+
+    def turn_find(self, name: str, admin: bool, statuses: tuple[str, ...], expired: bool,
+                  after: str | None, limit: int | None) -> list[Row]:
+        with self.store.snapshot() as c:
+            return self.sessions.turns_by_status(c, name, admin, statuses, expired, self.clock(),
+                                                 after, limit)
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
                   to: str, what: str, lease: float | None, sets: dict[str, Any]) -> Row:

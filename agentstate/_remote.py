@@ -272,10 +272,10 @@ class RemoteOps:
     def run_delete(self, run_id: str) -> bool:
         return self._call("DELETE", f"/v1/runs/{_q(run_id)}")["deleted"]
 
-    def run_list(self) -> list[Row]:
+    def run_list(self, after: str | None, limit: int | None) -> list[Row]:
         return [(r["id"], r["created_at"], r["updated_at"], _dumps(r["task"]), _dumps(r["turn"]),
                  _dumps(r["stopped_by"]), _dumps(r["finished"]))
-                for r in self._call("GET", "/v1/runs")["runs"]]
+                for r in self._page("/v1/runs", "runs", after, limit)]
 
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
         self._call("POST", f"/v1/runs/{_q(run_id)}/fork", body=_dumps({"new_id": new_id, "upto": upto}),
@@ -298,8 +298,8 @@ class RemoteOps:
     def session_get(self, session_id: str, name: str, admin: bool) -> Row:
         return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}", who=name))
 
-    def session_list(self, name: str, admin: bool) -> list[Row]:
-        return [_session_row(d) for d in self._call("GET", "/v1/sessions", who=name)["sessions"]]
+    def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
+        return [_session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit, who=name)]
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
         self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=name)
@@ -321,9 +321,24 @@ class RemoteOps:
     def turn_get(self, turn_id: str, name: str, admin: bool) -> Row:
         return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=name))
 
-    def turn_list(self, session_id: str, name: str, admin: bool) -> list[Row]:
-        return [_turn_row(d) for d in
-                self._call("GET", f"/v1/sessions/{_q(session_id)}/turns", who=name)["turns"]]
+    def turn_list(self, session_id: str, name: str, admin: bool, after: str | None,
+                  limit: int | None) -> list[Row]:
+        return [_turn_row(d) for d in self._page(f"/v1/sessions/{_q(session_id)}/turns", "turns",
+                                                 after, limit, who=name)]
+
+    def turn_find(self, name: str, admin: bool, statuses: tuple[str, ...], expired: bool,
+                  after: str | None, limit: int | None) -> list[Row]:
+        wanted = ("expired",) if expired else statuses
+        return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit, who=name,
+                                                 status=",".join(wanted))]
+
+    def _page(self, path: str, field: str, after: str | None, limit: int | None,
+              who: str | None = None, **params: Any) -> list[dict[str, Any]]:
+        """A list route's items (the server takes limits from 1; limit 0 asks nothing)."""
+        if limit == 0:
+            return []
+        return self._call("GET", path, params={**params, "after": after, "limit": limit},
+                          who=who, runs=field == "runs")[field]
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
                   to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:

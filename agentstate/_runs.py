@@ -193,9 +193,18 @@ class RunStore:
         check_key(run_id, "run id")
         return self._ops.run_delete(run_id)
 
-    def list(self) -> list[SavedState]:
-        """Every run, most recently updated first (their histories are not read)."""
-        rows = self._ops.run_list()
+    def list(self, *, after: str | None = None, limit: int | None = None) -> list[SavedState]:
+        """Every run, most recently updated first (their histories are not read).
+
+        Paged: ``after`` (the id of a page's last run) returns the runs listed after
+        it, ``limit`` caps the count. A run written since moves to the front.
+
+        :raises RunNotFound: ``after`` names no run (deleted since: list from the start).
+        """
+        if after is not None:
+            check_key(after, "run id")
+        _check_count("limit", limit, allow_none=True)
+        rows = self._ops.run_list(after, limit)
         out = []
         for run_id, created, updated, *fields in rows:
             task, turn, stopped_by, finished = (decode(f) if f is not None else None for f in fields)

@@ -141,15 +141,22 @@ def prune(c: apsw.Connection, cutoff: str, finished_only: bool) -> list[str]:
     return ids
 
 
-def summaries(c: apsw.Connection) -> list[tuple[Any, ...]]:
-    """Every run's id, times and snapshot summary fields, newest update first.
+def summaries(c: apsw.Connection, after: str | None, limit: int | None) -> list[tuple[Any, ...]]:
+    """Runs' ids, times and snapshot summary fields, newest update first: those listed
+    after the run ``after`` (a page's last), at most ``limit``.
 
-    Reads the run rows only, never their histories.
+    Reads the run rows only (through run_by_update), never their histories.
     """
+    where = ""
+    if after is not None:
+        if c.execute("SELECT 1 FROM run WHERE id = ?", (after,)).fetchone() is None:
+            raise RunNotFound(f"no run {after!r} to list after (deleted since?): list from the start")
+        where = "WHERE (updated_at, rowid) < (SELECT updated_at, rowid FROM run WHERE id = :after)"
     return c.execute(
-        """SELECT id, created_at, updated_at, snapshot -> '$.task', snapshot -> '$.turn',
-                  snapshot -> '$.stopped_by', snapshot -> '$.finished'
-           FROM run ORDER BY updated_at DESC, rowid DESC"""
+        f"""SELECT id, created_at, updated_at, snapshot -> '$.task', snapshot -> '$.turn',
+                   snapshot -> '$.stopped_by', snapshot -> '$.finished'
+            FROM run {where} ORDER BY updated_at DESC, rowid DESC LIMIT :limit""",
+        {"after": after, "limit": -1 if limit is None else limit},
     ).fetchall()
 
 

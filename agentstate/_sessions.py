@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic.dataclasses import dataclass
 
-from ._encoding import check_key, decode, encode, is_key
+from ._encoding import check_int, check_key, decode, encode, is_key
 from ._runs import parse_time
 from ._scope import Scope
-from ._turnstate import effective_status
+from ._turnstate import LEASED, effective_status
 from .errors import InvalidTransition, InvalidValue, NotFound
 
 if TYPE_CHECKING:
@@ -44,6 +44,19 @@ class SessionInfo:
     owner: str
     created_at: datetime
     metadata: dict[str, Any]
+
+
+OPEN = ("queued", "running", "held", "decided", "resuming")
+FINDABLE = (*OPEN, "expired")
+
+
+def _iterable(v: Any) -> bool:
+    return isinstance(v, (list, tuple, set, frozenset))
+
+
+def _limit(limit: Any) -> None:
+    if limit is not None:
+        check_int("limit", limit)
 
 
 def _principal(p: Any) -> Principal:
@@ -151,10 +164,18 @@ class Sessions:
         p = self._check(session_id, principal)
         return _info(self._ops.session_get(session_id, p.name, p.admin))
 
-    def list(self, principal: Principal) -> list[SessionInfo]:
-        """The principal's own sessions (all of them for an admin), newest first."""
+    def list(self, principal: Principal, *, after: str | None = None,
+             limit: int | None = None) -> list[SessionInfo]:
+        """The principal's own sessions (all of them for an admin), newest first.
+
+        Paged: ``after`` (the id of a page's last session) returns those listed after
+        it, ``limit`` caps the count. :raises NotFound: ``after`` is not a visible session.
+        """
         p = _principal(principal)
-        return [_info(r) for r in self._ops.session_list(p.name, p.admin)]
+        if after is not None:
+            self._check(after, p)
+        _limit(limit)
+        return [_info(r) for r in self._ops.session_list(p.name, p.admin, after, limit)]
 
     def delete(self, session_id: str, principal: Principal) -> None:
         """Remove the session, its turns and its session-scope state, in one transaction."""
@@ -224,10 +245,46 @@ class Sessions:
         p = _principal(principal)
         return Turn(self, p, self._turn_row(turn_id, p))
 
-    def turns(self, session_id: str, principal: Principal) -> list[Turn]:
-        """The session's turns, newest first."""
+    def turns(self, session_id: str, principal: Principal, *, after: str | None = None,
+              limit: int | None = None) -> list[Turn]:
+        """The session's turns, newest first.
+
+        Paged: ``after`` (the id of a page's last turn) returns the older ones, ``limit``
+        caps the count. :raises NotFound: ``after`` is not a turn of this session.
+        """
         p = self._check(session_id, principal)
-        return [Turn(self, p, r) for r in self._ops.turn_list(session_id, p.name, p.admin)]
+        if after is not None and (type(after) is not str or not is_key(after)):
+            raise NotFound(f"no turn {after!r} in session {session_id!r} to list after")
+        _limit(limit)
+        return [Turn(self, p, r) for r in self._ops.turn_list(session_id, p.name, p.admin, after, limit)]
+
+    def turns_by_status(self, principal: Principal, status: str | Iterable[str], *,
+                        after: str | None = None, limit: int | None = None) -> list[Turn]:
+        """Turns that block or may still act, across the principal's sessions (an admin's:
+        all), most recently changed first: ``status`` is one of ``queued``, ``running``,
+        ``held``, ``decided``, ``resuming`` (a lease that holds) or ``expired`` (a queued,
+        running or resuming turn whose lease lapsed), or several of them. Finished, failed
+        and settled turns are listed per session (``turns``).
+
+        Paged as ``turns``. :raises InvalidValue: an unknown or unlisted status.
+        """
+        p = _principal(principal)
+        wanted = (status,) if isinstance(status, str) else tuple(status) if _iterable(status) else None
+        if not wanted or any(type(s) is not str or s not in FINDABLE for s in wanted):
+            raise InvalidValue(f"status must be one of {', '.join(FINDABLE)} (or several), got {status!r}")
+        if after is not None and (type(after) is not str or not is_key(after)):
+            raise NotFound(f"no turn {after!r} to list after")
+        _limit(limit)
+        rows: list[tuple[Any, ...]] = []
+        live = tuple(s for s in OPEN if s in wanted)
+        if live:
+            rows += self._ops.turn_find(p.name, p.admin, live, False, after, limit)
+        if "expired" in wanted:
+            rows += self._ops.turn_find(p.name, p.admin, LEASED, True, after, limit)
+            if live:  # two lists, one order: newest change first (ties: by id, descending)
+                rows.sort(key=lambda r: (r[11], r[0]), reverse=True)
+                rows = rows if limit is None else rows[:limit]
+        return [Turn(self, p, r) for r in rows]
 
     def decide(self, turn_id: str, principal: Principal, decision: Any) -> Turn:
         """held -> decided, recording the decision."""

@@ -17,6 +17,7 @@ from ._connection import now_iso
 from ._turnstate import LEASED, effective_status
 from .errors import InvalidTransition, NotFound, SessionBusy
 
+OPEN = ('queued', 'running', 'held', 'decided', 'resuming')  # the states turn_by_status indexes
 TURN_COLUMNS = ("id, session_id, n, status, input, request, decision, result, error, "
                 "lease_until, created_at, updated_at, lease")
 
@@ -41,15 +42,19 @@ def create(c: apsw.Connection, session_id: str, owner: str, metadata: str) -> tu
     return (session_id, owner, now, metadata)
 
 
-def sessions(c: apsw.Connection, name: str, admin: bool) -> list[tuple[Any, ...]]:
-    if admin:
-        return c.execute(
-            "SELECT id, owner, created_at, metadata FROM session ORDER BY created_at DESC, id"
-        ).fetchall()
+def sessions(c: apsw.Connection, name: str, admin: bool, after: str | None,
+             limit: int | None) -> list[tuple[Any, ...]]:
+    """The principal's sessions (an admin's: all), newest first: those listed after the
+    session ``after`` (a page's last; NotFound if gone or not visible), at most ``limit``."""
+    where = [] if admin else ["owner = :name"]
+    if after is not None:
+        session_row(c, after, name, admin)
+        where.append("(created_at, id) < (SELECT created_at, id FROM session WHERE id = :after)")
     return c.execute(
-        "SELECT id, owner, created_at, metadata FROM session WHERE owner = ? "
-        "ORDER BY created_at DESC, id",
-        (name,),
+        f"""SELECT id, owner, created_at, metadata FROM session
+            {"WHERE " + " AND ".join(where) if where else ""}
+            ORDER BY created_at DESC, id DESC LIMIT :limit""",
+        {"name": name, "after": after, "limit": -1 if limit is None else limit},
     ).fetchall()
 
 
@@ -114,9 +119,48 @@ def turn_row(c: apsw.Connection, turn_id: str) -> tuple[Any, ...] | None:
     return c.execute(f"SELECT {TURN_COLUMNS} FROM turn WHERE id = ?", (turn_id,)).fetchone()
 
 
-def turns(c: apsw.Connection, session_id: str) -> list[tuple[Any, ...]]:
+def turns(c: apsw.Connection, session_id: str, after: str | None,
+          limit: int | None) -> list[tuple[Any, ...]]:
+    """The session's turns, newest first: those after the turn ``after`` (of this
+    session; NotFound if not), at most ``limit``."""
+    where = ""
+    if after is not None:
+        if c.execute("SELECT 1 FROM turn WHERE id = ? AND session_id = ?",
+                     (after, session_id)).fetchone() is None:
+            raise NotFound(f"no turn {after!r} in session {session_id!r} to list after")
+        where = "AND n < (SELECT n FROM turn WHERE id = :after)"
     return c.execute(
-        f"SELECT {TURN_COLUMNS} FROM turn WHERE session_id = ? ORDER BY n DESC", (session_id,)
+        f"SELECT {TURN_COLUMNS} FROM turn WHERE session_id = :sid {where} ORDER BY n DESC LIMIT :limit",
+        {"sid": session_id, "after": after, "limit": -1 if limit is None else limit},
+    ).fetchall()
+
+
+def turns_by_status(c: apsw.Connection, name: str, admin: bool, statuses: tuple[str, ...],
+                    expired: bool, now: float, after: str | None,
+                    limit: int | None) -> list[tuple[Any, ...]]:
+    """Turns in ``statuses`` whose lease holds (or, ``expired``: leased ones whose lease
+    lapsed), of the principal's sessions (an admin's: all), newest change first; after
+    the turn ``after`` (NotFound if it is not the principal's)."""
+    lapsed = f"(t.status IN {LEASED} AND t.lease_until IS NOT NULL AND t.lease_until < :now)"
+    # statuses are checked names; the index's own term, verbatim, lets SQLite use it
+    status = f"t.status IN {OPEN} AND t.status IN ({', '.join(repr(s) for s in statuses)})"
+    where = [f"{status} AND {lapsed}" if expired else f"{status} AND NOT {lapsed}"]
+    if not admin:
+        where.append("s.owner = :name")
+    if after is not None:
+        row = turn_row(c, after)
+        if row is None:
+            raise NotFound(f"no turn {after!r} to list after")
+        session_row(c, row[1], name, admin)
+        where.append("(t.updated_at, t.id) < (:at, :after)")
+    params = {"now": now, "name": name, "after": after,
+              "at": None if after is None else row[11], "limit": -1 if limit is None else limit}
+    return c.execute(
+        f"""SELECT {', '.join('t.' + col.strip() for col in TURN_COLUMNS.split(','))}
+            FROM turn t JOIN session s ON s.id = t.session_id
+            WHERE {' AND '.join(where)}
+            ORDER BY t.updated_at DESC, t.id DESC LIMIT :limit""",
+        params,
     ).fetchall()
 
 

@@ -1,4 +1,5 @@
-"""Schema 1 (agentstate 0.1.0) to 2: upgraded in one transaction, every value kept."""
+"""Older files upgraded in one transaction, every value kept: schema 1 (agentstate 0.1.0),
+schema 2 (the change feed and expiry), to the current one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import agentstate
 
 V1 = (Path(__file__).parent / "fixtures" / "schema_v1.sql").read_text()
+V2 = (Path(__file__).parent / "fixtures" / "schema_v2.sql").read_text()
+CURRENT = agentstate._connection.SCHEMA_VERSION
 T = "2026-11-30T12:00:00.000000Z"
 
 
@@ -62,7 +65,7 @@ def test_a_010_file_is_upgraded_keeping_every_value(tmp_path):
     alice = agentstate.Principal("alice")
     with agentstate.open(path) as db:
         after = content(path)
-        assert after["user_version"] == 2
+        assert after["user_version"] == CURRENT
         assert {k: v for k, v in after.items() if k != "user_version"} == \
             {k: v for k, v in before.items() if k != "user_version"}
         s = db.scope("session", "s-1")
@@ -104,4 +107,33 @@ agentstate.open(sys.argv[1])
     assert c.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'change'").get == 0
     c.close()
     with agentstate.open(path) as db:  # and it upgrades fine next time
-        assert db.info()["schema_version"] == 2 and db.check() == []
+        assert db.info()["schema_version"] == CURRENT and db.check() == []
+
+
+def schema_objects(path: str) -> list[tuple[str, str, str]]:
+    c = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    rows = c.execute("SELECT type, name, tbl_name FROM sqlite_schema ORDER BY 1, 2").fetchall()
+    c.close()
+    return rows
+
+
+def test_a_v2_file_gains_the_paging_indexes_and_matches_a_new_file(tmp_path):
+    old, new = str(tmp_path / "v2.db"), str(tmp_path / "new.db")
+    c = apsw.Connection(old)
+    c.pragma("journal_mode", "wal")
+    c.execute(V2)
+    c.execute("INSERT INTO run (id, snapshot, next_seq, created_at, updated_at) "
+              "VALUES ('run-1', '{\"task\":\"t\"}', 0, ?, ?)", (T, T))
+    c.execute("INSERT INTO session VALUES ('s-1', 'alice', ?, '{}')", (T,))
+    c.execute("INSERT INTO turn (id, session_id, n, status, created_at, updated_at) "
+              "VALUES ('t-1', 's-1', 1, 'held', ?, ?)", (T, T))
+    c.close()
+    assert "run_by_update" not in {name for _, name, _ in schema_objects(old)}
+    agentstate.open(new).close()
+    with agentstate.open(old) as db:
+        assert db.info()["schema_version"] == CURRENT
+        assert [r.id for r in db.runs.list(limit=1)] == ["run-1"]
+        alice = agentstate.Principal("alice")
+        assert [t.id for t in db.sessions.turns_by_status(alice, "held")] == ["t-1"]
+        assert db.check() == []
+    assert schema_objects(old) == schema_objects(new)

@@ -148,6 +148,26 @@ def test_racing_writers_cannot_make_gaps_or_duplicates(db):
         assert [e["k"] for e in entries if e["who"] == w] == list(range(40))
 
 
+def test_list_is_paged(db):
+    for i in range(7):
+        db.runs.write(f"r{i}", [], {"task": f"t{i}"}, create=True)
+    everything = [r.id for r in db.runs.list()]
+    assert sorted(everything) == [f"r{i}" for i in range(7)] and everything[0] == "r6"
+    got, after = [], None
+    while True:
+        page = [r.id for r in db.runs.list(after=after, limit=3)]
+        got.append(page)
+        if len(page) < 3:
+            break
+        after = page[-1]
+    assert [len(p) for p in got] == [3, 3, 1] and sum(got, []) == everything
+    assert db.runs.list(limit=0) == []
+    with pytest.raises(agentstate.RunNotFound):
+        db.runs.list(after="no-such-run")
+    with pytest.raises(agentstate.InvalidValue):
+        db.runs.list(limit=-1)
+
+
 def test_list_newest_first_with_snapshot_fields(db):
     r = db.runs
     r.write("a", [], {"task": "first", "turn": 3, "stopped_by": "user", "finished": True}, create=True)

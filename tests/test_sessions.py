@@ -48,6 +48,81 @@ def test_create_get_list(db):
     assert {x.id for x in db.sessions.list(ADMIN)} == {s.id, b.id}
 
 
+def pages(read, size: int) -> list[list[str]]:
+    """Every page of a paged list, following ``after`` from each page's last id."""
+    out, after = [], None
+    while True:
+        page = [x.id for x in read(after=after, limit=size)]
+        out.append(page)
+        if len(page) < size:
+            return out
+        after = page[-1]
+
+
+def test_session_and_turn_lists_are_paged(db):
+    mine = [db.sessions.create(ALICE).id for _ in range(7)]
+    theirs = [db.sessions.create(BOB).id for _ in range(3)]
+    everything = [x.id for x in db.sessions.list(ALICE)]
+    assert sorted(everything) == sorted(mine)
+    got = pages(lambda **kw: db.sessions.list(ALICE, **kw), 3)
+    assert [len(p) for p in got] == [3, 3, 1] and sum(got, []) == everything
+    admin = [x.id for x in db.sessions.list(ADMIN)]
+    assert sorted(admin) == sorted(mine + theirs) and sum(pages(
+        lambda **kw: db.sessions.list(ADMIN, **kw), 4), []) == admin
+    assert db.sessions.list(ALICE, limit=0) == []
+    with pytest.raises(NotFound):  # another's session is no place to continue from
+        db.sessions.list(ALICE, after=theirs[0])
+    with pytest.raises(agentstate.InvalidValue):
+        db.sessions.list(ALICE, limit=-1)
+
+    sid = mine[0]
+    turns = []
+    for i in range(5):
+        t = db.sessions.start_turn(sid, ALICE, input=i)
+        t.finish(i)
+        turns.append(t.id)
+    assert [t.id for t in db.sessions.turns(sid, ALICE)] == turns[::-1]
+    assert pages(lambda **kw: db.sessions.turns(sid, ALICE, **kw), 2) == \
+        [turns[4:2:-1], turns[2:0:-1], turns[:1]]
+    other = db.sessions.start_turn(mine[1], ALICE).id
+    with pytest.raises(NotFound):  # a turn of another session
+        db.sessions.turns(sid, ALICE, after=other)
+    with pytest.raises(NotFound):
+        db.sessions.turns(theirs[0], ALICE, limit=1)
+
+
+def test_turns_by_status_across_sessions(db):
+    def turn(owner, lease=600.0):
+        return db.sessions.start_turn(db.sessions.create(owner).id, owner, lease=lease)
+
+    running = [turn(ALICE).id, turn(BOB).id]
+    held = [turn(ALICE).hold({"q": i}).id for i in range(3)] + [turn(BOB).hold().id]
+    decided = turn(ALICE).hold()
+    decided = db.sessions.decide(decided.id, ALICE, {"ok": True}).id
+    lapsed = [turn(ALICE, lease=0.05).id, turn(BOB, lease=0.05).id]
+    done = turn(ALICE)
+    done.finish()
+    time.sleep(0.3)
+    find = db.sessions.turns_by_status
+    assert {t.id for t in find(ADMIN, "running")} == set(running)
+    assert {t.id for t in find(ALICE, "running")} == {running[0]}
+    assert {t.id for t in find(ADMIN, "held")} == set(held)
+    assert [t.status for t in find(ALICE, "held")] == ["held"] * 3
+    assert [t.id for t in find(ALICE, "decided")] == [decided]
+    assert {t.id for t in find(ADMIN, "expired")} == set(lapsed)
+    assert [t.status for t in find(BOB, "expired")] == ["expired"]
+    both = find(ADMIN, ["held", "expired"])
+    assert {t.id for t in both} == set(held + lapsed)
+    assert [t.updated_at for t in both] == sorted((t.updated_at for t in both), reverse=True)
+    assert sum(pages(lambda **kw: find(ADMIN, ["held", "expired"], **kw), 2), []) == [t.id for t in both]
+    assert sum(pages(lambda **kw: find(ADMIN, "held", **kw), 3), []) == [t.id for t in find(ADMIN, "held")]
+    for bad in ("finished", "failed", "", "HELD", ["held", "nope"], [], 3, None):
+        with pytest.raises(agentstate.InvalidValue):
+            find(ADMIN, bad)
+    with pytest.raises(NotFound):  # bob's turn is no place for alice to continue from
+        find(ALICE, "held", after=held[-1])
+
+
 def test_principal_names_follow_key_rules():
     for bad in ("", "a b", "x" * 201, "é", 3):
         with pytest.raises(InvalidKey):

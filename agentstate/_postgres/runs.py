@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._encoding import same_json
-from ..errors import HistoryGap
+from ..errors import HistoryGap, RunNotFound
 from .store import Conn
 
 Row = tuple[Any, ...]
@@ -81,13 +81,20 @@ def prune(c: Conn, cutoff: str, finished_only: bool) -> list[str]:
     return c.execute("SELECT run_prune(%s::timestamptz, %s)", (cutoff, finished_only)).fetchone()[0]
 
 
-def summaries(c: Conn) -> list[Row]:
-    """Every run's id, times and snapshot summary fields, newest update first."""
+def summaries(c: Conn, after: str | None, limit: int | None) -> list[Row]:
+    """Runs' ids, times and snapshot summary fields, newest update first, after the run
+    ``after``; the run rows only (through run_by_update)."""
+    where = ""
+    if after is not None:
+        if c.execute("SELECT 1 FROM run WHERE id = %s", (after,)).fetchone() is None:
+            raise RunNotFound(f"no run {after!r} to list after (deleted since?): list from the start")
+        where = "WHERE (updated_at, id) < (SELECT updated_at, id FROM run WHERE id = %(after)s)"
     return c.execute(
-        """SELECT id, iso_utc(created_at), iso_utc(updated_at), (snapshot -> 'task')::text,
-                  (snapshot -> 'turn')::text, (snapshot -> 'stopped_by')::text,
-                  (snapshot -> 'finished')::text
-           FROM run ORDER BY updated_at DESC, id DESC""").fetchall()
+        f"""SELECT id, iso_utc(created_at), iso_utc(updated_at), (snapshot -> 'task')::text,
+                   (snapshot -> 'turn')::text, (snapshot -> 'stopped_by')::text,
+                   (snapshot -> 'finished')::text
+            FROM run {where} ORDER BY updated_at DESC, id DESC LIMIT %(limit)s""",
+        {"after": after, "limit": limit}).fetchall()
 
 
 def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:

@@ -36,11 +36,16 @@ def create(c: Conn, session_id: str, owner: str, metadata: str) -> Row:
     return (session_id, owner, created, metadata)
 
 
-def sessions(c: Conn, name: str, admin: bool) -> list[Row]:
-    if admin:
-        return c.execute(f"SELECT {_SESSION} FROM session ORDER BY created_at DESC, id").fetchall()
-    return c.execute(f"SELECT {_SESSION} FROM session WHERE owner = %s ORDER BY created_at DESC, id",
-                     (name,)).fetchall()
+def sessions(c: Conn, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
+    """The principal's sessions (an admin's: all), newest first, after the session ``after``."""
+    where = [] if admin else ["owner = %(name)s"]
+    if after is not None:
+        session_row(c, after, name, admin)
+        where.append("(created_at, id) < (SELECT created_at, id FROM session WHERE id = %(after)s)")
+    return c.execute(
+        f"""SELECT {_SESSION} FROM session {"WHERE " + " AND ".join(where) if where else ""}
+            ORDER BY created_at DESC, id DESC LIMIT %(limit)s""",
+        {"name": name, "after": after, "limit": limit}).fetchall()
 
 
 def delete(c: Conn, session_id: str) -> None:
@@ -74,9 +79,41 @@ def turn_row(c: Conn, turn_id: str) -> Row | None:
     return c.execute(f"SELECT {TURN_COLUMNS} FROM turn t WHERE id = %s", (turn_id,)).fetchone()
 
 
-def turns(c: Conn, session_id: str) -> list[Row]:
-    return c.execute(f"SELECT {TURN_COLUMNS} FROM turn t WHERE session_id = %s ORDER BY n DESC",
-                     (session_id,)).fetchall()
+def turns(c: Conn, session_id: str, after: str | None, limit: int | None) -> list[Row]:
+    """The session's turns, newest first, after the turn ``after`` (of this session)."""
+    where = ""
+    if after is not None:
+        if c.execute("SELECT 1 FROM turn WHERE id = %s AND session_id = %s",
+                     (after, session_id)).fetchone() is None:
+            raise NotFound(f"no turn {after!r} in session {session_id!r} to list after")
+        where = "AND n < (SELECT n FROM turn WHERE id = %(after)s)"
+    return c.execute(
+        f"SELECT {TURN_COLUMNS} FROM turn t WHERE session_id = %(sid)s {where} "
+        "ORDER BY n DESC LIMIT %(limit)s",
+        {"sid": session_id, "after": after, "limit": limit}).fetchall()
+
+
+def turns_by_status(c: Conn, name: str, admin: bool, statuses: tuple[str, ...], expired: bool,
+                    now: float, after: str | None, limit: int | None) -> list[Row]:
+    """As ``_sessions_repo.turns_by_status``: open turns by status, newest change first."""
+    lapsed = ("(t.status IN ('queued', 'running', 'resuming') AND t.lease_until IS NOT NULL "
+              "AND t.lease_until < to_timestamp(%(now)s))")
+    where = [f"t.status = ANY(%(statuses)s) AND {'' if expired else 'NOT '}{lapsed}"]
+    if not admin:
+        where.append("s.owner = %(name)s")
+    at = None
+    if after is not None:
+        row = c.execute("SELECT session_id, updated_at FROM turn WHERE id = %s", (after,)).fetchone()
+        if row is None:
+            raise NotFound(f"no turn {after!r} to list after")
+        session_row(c, row[0], name, admin)
+        at = row[1]
+        where.append("(t.updated_at, t.id) < (%(at)s, %(after)s)")
+    return c.execute(
+        f"""SELECT {TURN_COLUMNS} FROM turn t JOIN session s ON s.id = t.session_id
+            WHERE {' AND '.join(where)} ORDER BY t.updated_at DESC, t.id DESC LIMIT %(limit)s""",
+        {"statuses": list(statuses), "now": now, "name": name, "after": after, "at": at,
+         "limit": limit}).fetchall()
 
 
 def move(c: Conn, turn_id: str, from_states: tuple[str, ...], to: str, sets: dict[str, Any],

@@ -231,7 +231,9 @@ class API:
 
     async def runs_list(self, request: Request) -> Response:
         await self.principal(request)
-        return h.JSON({"runs": [_summary(r) for r in await h.blocking(self.db.runs.list)]})
+        after, limit = _page(request)
+        runs = await h.blocking(self.db.runs.list, after=after, limit=limit)
+        return h.JSON({"runs": [_summary(r) for r in runs], "next": _next(runs, limit)})
 
     async def run_get(self, request: Request) -> Response:
         await self.principal(request)
@@ -307,7 +309,9 @@ class API:
 
     async def sessions_list(self, request: Request) -> Response:
         p = await self.principal(request)
-        return h.JSON({"sessions": [_session(s) for s in await h.blocking(self.db.sessions.list, p)]})
+        after, limit = _page(request)
+        found = await h.blocking(self.db.sessions.list, p, after=after, limit=limit)
+        return h.JSON({"sessions": [_session(s) for s in found], "next": _next(found, limit)})
 
     async def session_get(self, request: Request) -> Response:
         p = await self.principal(request)
@@ -329,8 +333,17 @@ class API:
 
     async def turns_list(self, request: Request) -> Response:
         p = await self.principal(request)
-        turns = await h.blocking(self.db.sessions.turns, request.path_params["session_id"], p)
-        return h.JSON({"turns": [_turn(t) for t in turns]})
+        after, limit = _page(request)
+        turns = await h.blocking(self.db.sessions.turns, request.path_params["session_id"], p,
+                                 after=after, limit=limit)
+        return h.JSON({"turns": [_turn(t) for t in turns], "next": _next(turns, limit)})
+
+    async def turns_by_status(self, request: Request) -> Response:
+        p = await self.principal(request)
+        after, limit = _page(request)
+        status = request.query_params.get("status", "").split(",")
+        turns = await h.blocking(self.db.sessions.turns_by_status, p, status, after=after, limit=limit)
+        return h.JSON({"turns": [_turn(t) for t in turns], "next": _next(turns, limit)})
 
     async def turn_start(self, request: Request) -> Response:
         p = await self.principal(request)
@@ -517,6 +530,16 @@ def _change(c: agentstate.Change) -> dict[str, Any]:
 SEE_ALL = agentstate.Principal("agentstate-server", admin=True)  # to tell sessions from scopes
 
 
+def _page(request: Request) -> tuple[str | None, int | None]:
+    """A list route's ``after`` (the id of the previous page's last item) and ``limit``."""
+    return request.query_params.get("after") or None, h.query_int(request, "limit", None, lo=1)
+
+
+def _next(items: list[Any], limit: int | None) -> str | None:
+    """The ``after`` of the next page: the last id, when the page came back full."""
+    return items[-1].id if limit and len(items) == limit else None
+
+
 def _of_a_session(c: agentstate.Change) -> bool:
     return c.topic == "session" or (c.topic == "kv" and c.kind == "session")
 
@@ -565,7 +588,8 @@ def _routes(api: API) -> list[Route_]:
     out += [
         Route_("POST", "/v1/batch", api.batch, "Writes applied all or none", body=BatchBody,
                answer="BatchResults", errors=(400, 409, 413)),
-        Route_("GET", "/v1/runs", api.runs_list, "Every run", answer="Runs", errors=()),
+        Route_("GET", "/v1/runs", api.runs_list, "Runs, newest update first", query=("after", "limit"),
+               answer="Runs", errors=(400, 404)),
         Route_("POST", "/v1/runs/prune", api.runs_prune, "Delete old runs", body=PruneRunsBody,
                answer="RunIds", errors=(400, 413)),
         Route_("GET", "/v1/runs/{run_id}", api.run_get, "A run: entries and snapshot",
@@ -585,8 +609,8 @@ def _routes(api: API) -> list[Route_]:
                answer="Removed", errors=(400, 404, 413)),
         Route_("POST", "/v1/sessions", api.sessions_create, "A new session", body=SessionBody,
                ok=201, answer="Session", errors=(400, 403, 413)),
-        Route_("GET", "/v1/sessions", api.sessions_list, "My sessions (all: admin)", answer="Sessions",
-               errors=(400, 403)),
+        Route_("GET", "/v1/sessions", api.sessions_list, "My sessions (all: admin)",
+               query=("after", "limit"), answer="Sessions", errors=(400, 403, 404)),
         Route_("POST", "/v1/sessions/prune", api.sessions_prune, "Delete idle sessions (admin)",
                body=PruneSessionsBody, answer="SessionIds", errors=(400, 403, 413)),
         Route_("GET", "/v1/sessions/{session_id}", api.session_get, "A session", answer="Session",
@@ -594,11 +618,13 @@ def _routes(api: API) -> list[Route_]:
         Route_("DELETE", "/v1/sessions/{session_id}", api.session_delete, "Delete a session",
                answer="Deleted", errors=(400, 403, 404)),
         Route_("GET", "/v1/sessions/{session_id}/turns", api.turns_list, "A session's turns",
-               answer="Turns", errors=(400, 403, 404)),
+               query=("after", "limit"), answer="Turns", errors=(400, 403, 404)),
         Route_("POST", "/v1/sessions/{session_id}/turns", api.turn_start, "Start (or queue) a turn",
                body=TurnBody, ok=201, answer="Turn", errors=(400, 403, 404, 409, 413)),
         Route_("POST", "/v1/sessions/{session_id}/release", api.session_release,
                "End the active turn (admin)", answer="Turn", errors=(400, 403, 404, 409)),
+        Route_("GET", "/v1/turns", api.turns_by_status, "Open turns by status (mine; all: admin)",
+               query=("status", "after", "limit"), answer="Turns", errors=(400, 403, 404)),
         Route_("GET", "/v1/turns/{turn_id}", api.turn_get, "A turn", answer="Turn",
                errors=(400, 403, 404)),
         Route_("POST", "/v1/turns/{turn_id}/{action}", api.turn_action, "Move a turn", body="action",
