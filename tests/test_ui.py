@@ -195,7 +195,13 @@ def test_lists_and_keys_are_paged(ui):
     for i in range(60):
         db.runs.write(f"run-{i:02d}", [], {"task": "t"}, create=True)
     assert c.get("/ui/runs").text.count('href="/ui/runs/run-') == 50
-    assert c.get("/ui/runs?page=1").text.count('href="/ui/runs/run-') == 10
+    first = c.get("/ui/runs").text
+    older = re.search(r'href="(/ui/runs\?after=[^"]+)">Older', first).group(1)
+    second = c.get(older.replace("&amp;", "&")).text
+    assert second.count('href="/ui/runs/run-') == 10 and "Older</a>" not in second
+    ids = lambda page: set(re.findall(r'href="/ui/runs/(run-\d+)"', page))
+    assert ids(first) | ids(second) == {f"run-{i:02d}" for i in range(60)}
+    assert not ids(first) & ids(second)
 
 
 def test_the_overview_finds_running_held_and_expired_turns(ui):
@@ -225,3 +231,48 @@ def test_timeline_pairs_calls_and_marks_what_load_would_mark_unknown(db):
     db.runs.write("r", entries + later, None, create=True)  # the same answer as load()
     synthetic = [e["call_id"] for e in db.runs.load("r").entries if e.get("status") == "unknown"]
     assert synthetic == ["b"]
+
+
+def test_the_pages_read_pages_never_tables(db, tmp_path):
+    """A store of 2,000 sessions (a quarter held for a decision, half with a lapsed lease) and
+    2,000 runs: every page fetches a bounded number of rows (counted by apsw's row trace
+    on every connection the server opens), and shows what it should."""
+    ops, alice = agentstate.Principal("ops", admin=True), agentstate.Principal("alice")
+    with db.transaction():
+        for i in range(2000):
+            who = alice if i % 2 else ops
+            s = db.sessions.create(who)
+            t = db.sessions.start_turn(s.id, who, lease=0.01 if i % 4 in (0, 3) else 600)
+            if i % 4 == 1:
+                t.hold({"i": i})
+            db.runs.write(f"run-{i:04d}", [{"seq": 0, "type": "message"}], {"task": "t"}, create=True)
+    time.sleep(0.05)  # the short leases lapse
+    tok = {"ops": db.tokens.create("ops", admin=True), "alice": db.tokens.create("alice")}
+    rows = [0]
+
+    def hook(conn):
+        conn.row_trace = lambda cursor, row: (rows.__setitem__(0, rows[0] + 1), row)[1]
+
+    import apsw
+    apsw.connection_hooks.append(hook)
+    try:
+        db2 = agentstate.open(db.path)
+        app = create_app(db2)
+        for who in ("ops", "alice"):
+            c = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
+            r = c.post("/ui/login", data={"token": tok[who], "next": "/ui"})
+            c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+            for path, shows in (("/ui", "100+"), ("/ui/runs", "run-1999"), ("/ui/sessions", "s-"),
+                                ("/ui/turns?which=held", "held"), ("/ui/turns?which=expired", "expired"),
+                                ("/ui/turns?which=active", "running")):
+                rows[0] = 0
+                page = c.get(path)
+                assert page.status_code == 200 and shows in page.text, (who, path)
+                assert rows[0] < 800, (who, path, rows[0])  # the store holds over 10,000 rows
+            older = re.search(r'href="(/ui/turns\?which=held&amp;after=[^"]+)">Older', c.get("/ui/turns?which=held").text)
+            assert older is not None
+            second = c.get(older.group(1).replace("&amp;", "&")).text
+            assert second.count('class="status s-held"') == 50
+        db2.close()
+    finally:
+        apsw.connection_hooks.remove(hook)

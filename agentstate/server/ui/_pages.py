@@ -1,8 +1,6 @@
 """What the pages read: bounded reads of the public objects, for one principal.
 
-Every function reads a page, never a table — except where the public API has no
-paged form yet (``sessions.list``, ``sessions.turns``, ``runs.list``): those are
-read once and cut into pages here (see the report of issue 16).
+Every function reads a page, never a table.
 """
 
 from __future__ import annotations
@@ -15,19 +13,12 @@ import agentstate
 from agentstate.errors import CursorExpired, NotFound
 
 PAGE = 50
-FEED_WINDOW = 10_000  # the overview looks at the turns touched in the newest changes this many
-MAX_TURNS = 300  # distinct turns the overview reads
 
 
 def size_of(value: Any) -> int:
     """A value's size as SPEC §2 counts it: its compact UTF-8 JSON."""
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))
                .encode("utf-8", "surrogatepass"))
-
-
-def cut(items: list[Any], page: int, size: int = PAGE) -> tuple[list[Any], bool]:
-    """Page ``page`` (from 0) of ``items``, and whether there is a next one."""
-    return items[page * size:(page + 1) * size], len(items) > (page + 1) * size
 
 
 def scope(db: agentstate.Database, kind: str, scope_id: str, p: agentstate.Principal) -> agentstate.Scope:
@@ -40,21 +31,26 @@ def scope(db: agentstate.Database, kind: str, scope_id: str, p: agentstate.Princ
 class Visible:
     """Which changes a principal may see: for a non-admin, session changes (and keys of
     session scopes) only of its own sessions — the pages' answer to "a principal sees only
-    its own sessions". The set of own sessions is read again when a session is created."""
+    its own sessions". Each session is looked up once (a point read, never the list), so
+    a deleted session's changes are hidden from all but admins."""
 
     def __init__(self, db: agentstate.Database, p: agentstate.Principal) -> None:
         self.db, self.p = db, p
-        self.own: set[str] | None = None if p.admin else self._read()
+        self.seen: dict[str, bool] = {}
 
-    def _read(self) -> set[str]:
-        return {s.id for s in self.db.sessions.list(self.p)}
+    def _own(self, session_id: str) -> bool:
+        if session_id not in self.seen:
+            try:
+                self.db.sessions.get(session_id, self.p)
+                self.seen[session_id] = True
+            except NotFound:
+                self.seen[session_id] = False
+        return self.seen[session_id]
 
     def __call__(self, c: Any) -> bool:
-        if self.own is None or not (c.topic == "session" or c.kind == "session"):
+        if self.p.admin or not (c.topic == "session" or c.kind == "session"):
             return True
-        if c.scope_id not in self.own and c.topic == "session" and c.op == "create":
-            self.own = self._read()
-        return c.scope_id in self.own
+        return self._own(c.scope_id)
 
 
 def changes_window(db: agentstate.Database, upto: int, n: int, **filters: Any) -> tuple[list[Any], bool]:
@@ -79,48 +75,35 @@ def changes_window(db: agentstate.Database, upto: int, n: int, **filters: Any) -
         return [], True
 
 
+SECTIONS = {"active": ("queued", "running"), "held": ("held",), "expired": ("expired",)}
+CAP = 100  # the overview counts up to this many of each thing (it reads pages, not tables)
+SHOWN = 20  # turns of each kind the overview lists (the rest: /ui/turns/<kind>)
+
+
 @dataclass
 class Overview:
     counts: dict[str, int]
-    active: list[agentstate.Turn]  # queued or running
-    held: list[agentstate.Turn]
-    expired: list[agentstate.Turn]
+    turns: dict[str, list[agentstate.Turn]]  # per section, up to CAP + 1
     runs: list[agentstate.SavedState]
     changes: list[Any]
-    window: int
+    cap: int = CAP
+    shown: int = SHOWN
 
 
 def overview(db: agentstate.Database, p: agentstate.Principal) -> Overview:
-    """Counts, the turns that need eyes, the newest runs and changes.
-
-    Turns are found through the feed: those touched by the newest FEED_WINDOW
-    changes, read one by one with the principal's rights (others' are skipped),
-    so the cost does not grow with the store.
-    """
+    """Counts (up to CAP), the turns that need eyes, the newest runs and changes: each a
+    bounded read (the paged lists of SPEC §3/§4), whatever the size of the store."""
     head = db.last_change()
-    recent, _ = changes_window(db, head, FEED_WINDOW, topic="session")
-    turn_ids: list[str] = []
-    seen: set[str] = set()
-    for c in reversed(recent):
-        if c.key and c.key not in seen and len(turn_ids) < MAX_TURNS:
-            seen.add(c.key)
-            turn_ids.append(c.key)
-    turns = []
-    for tid in turn_ids:
-        try:
-            turns.append(db.sessions.get_turn(tid, p))
-        except NotFound:  # not this principal's, or deleted since
-            pass
-    runs = db.runs.list()
-    sessions = db.sessions.list(p)
+    turns = {name: db.sessions.turns_by_status(p, statuses, limit=CAP + 1)
+             for name, statuses in SECTIONS.items()}
+    runs = db.runs.list(limit=CAP + 1)
+    sessions = db.sessions.list(p, limit=CAP + 1)
     visible = Visible(db, p)
     latest = [c for c in changes_window(db, head, 200)[0] if visible(c)][-20:]
-    by = {s: [t for t in turns if t.status in s] for s in (("queued", "running"), ("held",), ("expired",))}
     counts = {"sessions": len(sessions), "runs": len(runs), "changes": head,
-              "active turns": len(by[("queued", "running")]), "held turns": len(by[("held",)]),
-              "expired leases": len(by[("expired",)])}
-    return Overview(counts, by[("queued", "running")], by[("held",)], by[("expired",)], runs[:10],
-                    list(reversed(latest)), FEED_WINDOW)
+              "active turns": len(turns["active"]), "held turns": len(turns["held"]),
+              "expired leases": len(turns["expired"])}
+    return Overview(counts, turns, runs[:10], list(reversed(latest)))
 
 
 SNAPSHOT_INLINE = 5000  # runs up to this many entries show their snapshot on the page

@@ -28,6 +28,7 @@ from ._timeline import timeline
 if TYPE_CHECKING:
     from ..app import API
 
+TURNS = 20  # turns on a session's page
 FORM_LIMIT = 4 * 1024 * 1024  # a decision of up to 1 MiB, form-encoded
 # Nothing from elsewhere: our own script and style only; no inline script can run.
 HEADERS = {
@@ -143,9 +144,10 @@ class UI:
         return self.render(request, "overview.html", s, o=o, watch="*")
 
     async def runs(self, request: Request, s: SignIn) -> Response:
-        n = h.query_int(request, "page", 0) or 0
-        rows, more = pages.cut(await h.blocking(self.db.runs.list), n)
-        return self.render(request, "runs.html", s, runs=rows, page=n, more=more, watch="run")
+        after = request.query_params.get("after") or None
+        rows = await h.blocking(lambda: self.db.runs.list(after=after, limit=pages.PAGE + 1))
+        return self.render(request, "runs.html", s, runs=rows[:pages.PAGE], after=after,
+                           next=_next(rows), watch="run")
 
     async def run(self, request: Request, s: SignIn) -> Response:
         run_id = request.path_params["run_id"]
@@ -163,23 +165,38 @@ class UI:
                            watch=f"run::{run_id}")
 
     async def sessions(self, request: Request, s: SignIn) -> Response:
-        n = h.query_int(request, "page", 0) or 0
-        rows, more = pages.cut(await h.blocking(self.db.sessions.list, s.principal), n)
-        return self.render(request, "sessions.html", s, sessions=rows, page=n, more=more, watch="session")
+        after = request.query_params.get("after") or None
+        rows = await h.blocking(lambda: self.db.sessions.list(s.principal, after=after,
+                                                              limit=pages.PAGE + 1))
+        return self.render(request, "sessions.html", s, sessions=rows[:pages.PAGE], after=after,
+                           next=_next(rows), watch="session")
 
     async def session(self, request: Request, s: SignIn) -> Response:
         sid = request.path_params["session_id"]
-        n = h.query_int(request, "page", 0) or 0
+        after = request.query_params.get("after") or None
 
         def read() -> tuple[Any, ...]:
             info = self.db.sessions.get(sid, s.principal)
-            turns, more = pages.cut(self.db.sessions.turns(sid, s.principal), n, 20)
+            turns = self.db.sessions.turns(sid, s.principal, after=after, limit=TURNS + 1)
             keys = _keys(self.db.sessions.state(sid, s.principal), None)
-            return info, turns, more, keys
+            return info, turns, keys
 
-        info, turns, more, keys = await h.blocking(read)
-        return self.render(request, "session.html", s, info=info, turns=turns, page=n, more=more,
-                           keys=keys, watch=f"session::{sid} kv:session:{sid}")
+        info, turns, keys = await h.blocking(read)
+        return self.render(request, "session.html", s, info=info, turns=turns[:TURNS], after=after,
+                           next=_next(turns, TURNS), keys=keys,
+                           watch=f"session::{sid} kv:session:{sid}")
+
+    async def turns(self, request: Request, s: SignIn) -> Response:
+        section = request.query_params.get("which", "")
+        if section not in pages.SECTIONS:
+            raise NotFound(f"no list of turns named {section!r} (one of {', '.join(pages.SECTIONS)})")
+        after = request.query_params.get("after") or None
+        rows = await h.blocking(lambda: self.db.sessions.turns_by_status(
+            s.principal, pages.SECTIONS[section], after=after, limit=pages.PAGE + 1))
+        title = {"active": "Queued and running turns", "held": "Turns held for a decision",
+                 "expired": "Turns whose lease lapsed"}[section]
+        return self.render(request, "turns.html", s, title=title, turns=rows[:pages.PAGE],
+                           which=section, after=after, next=_next(rows), watch="session")
 
     async def turn(self, request: Request, s: SignIn) -> Response:
         t = await h.blocking(self.db.sessions.get_turn, request.path_params["turn_id"], s.principal)
@@ -311,6 +328,11 @@ class UI:
                         headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"})
 
 
+def _next(rows: list[Any], size: int = pages.PAGE) -> str | None:
+    """The ``after`` of the next page, when a read of size + 1 found more."""
+    return rows[size - 1].id if len(rows) > size else None
+
+
 def _keys(sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
     """A page of a scope's keys, each with its version, size, expiry and a preview."""
     names = sc.list(after=after, limit=pages.PAGE + 1)
@@ -347,6 +369,7 @@ def routes(api: API) -> list[BaseRoute]:
         Route("/ui/runs/{run_id}/snapshot", p(ui.snapshot), methods=["GET"]),
         Route("/ui/sessions", p(ui.sessions), methods=["GET"]),
         Route("/ui/sessions/{session_id}", p(ui.session), methods=["GET"]),
+        Route("/ui/turns", p(ui.turns), methods=["GET"]),
         Route("/ui/turns/{turn_id}", p(ui.turn), methods=["GET"]),
         Route("/ui/turns/{turn_id}/decide", p(ui.decide), methods=["POST"]),
         Route("/ui/scopes", p(ui.scopes), methods=["GET"]),
