@@ -233,3 +233,71 @@ def test_get_of_bytes_parses_json_or_raises_decode_error(db):
         with pytest.raises(json.JSONDecodeError):
             s.get("bad")
     assert s.get_bytes("bad") == b"NaN"
+
+
+# -- the two encoder paths (agentstate._encoding) -------------------------------------
+# encode() writes with json's C encoder made once and reused (_encoding._encoder);
+# where that is unavailable it falls back to json.JSONEncoder.encode (_dumps).
+# Both must give the same bytes and the same refusals.
+
+
+def _both_paths(value):
+    """encode(value) on the reused C encoder, then on the fallback: each result or exception type."""
+    from unittest import mock
+
+    from agentstate import _encoding
+
+    out = []
+    for enc in (_encoding._encoder, None):
+        with mock.patch.object(_encoding, "_encoder", enc):
+            try:
+                out.append(_encoding.encode(value))
+            except Exception as e:  # noqa: BLE001 - compared below
+                out.append(type(e))
+    return out
+
+
+def test_the_reused_c_encoder_is_in_use():
+    from agentstate import _encoding
+
+    assert _encoding._encoder is not None  # CPython: the fast path is the one tested above
+
+
+@settings(max_examples=300)
+@given(value=JSON)
+def test_both_encoder_paths_write_the_same_compact_utf8_json(value):
+    fast, fallback = _both_paths(value)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert fast == fallback == (text, len(text.encode("utf-8")))
+
+
+@pytest.mark.parametrize("value", BAD_VALUES, ids=lambda v: type(v).__name__)
+def test_both_encoder_paths_refuse_every_invalid_value(value):
+    assert _both_paths(value) == [InvalidValue, InvalidValue]
+
+
+@settings(max_examples=100)
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True).filter(lambda f: f != f or f in (float("inf"), float("-inf"))),
+        st.integers().filter(lambda i: not -(2**63) <= i < 2**63),
+        st.text(min_size=1).map(lambda t: t + "\x00"),
+        st.sampled_from(["\ud800", "\udbff", "\udc00"]).map(lambda s: "x" + s),
+        st.dictionaries(st.integers() | st.booleans() | st.none(), st.none(), min_size=1),
+    ),
+    wrap=st.integers(0, 3),
+)
+def test_both_encoder_paths_refuse_random_invalid_values(value, wrap):
+    for _ in range(wrap):
+        value = [{"v": value}]
+    assert _both_paths(value) == [InvalidValue, InvalidValue]
+
+
+def test_a_value_that_contains_itself_is_refused_on_both_paths():
+    """The reused encoder does not look for cycles: check_value's depth limit refuses them first."""
+    loop: list = []
+    loop.append(loop)
+    d: dict = {}
+    d["self"] = [d]
+    for v in (loop, d, {"a": [loop]}):
+        assert _both_paths(v) == [InvalidValue, InvalidValue]
