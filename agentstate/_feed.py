@@ -42,8 +42,9 @@ DELETE FROM change WHERE at < ?2 AND seq < coalesce(
 
 def record(c: apsw.Connection, topic: str, op: str, kind: str | None = None,
            sid: str | None = None, key: str | None = None, version: int | None = None,
-           start: int | None = None, count: int | None = None) -> None:
-    c.execute(_RECORD, (now_iso(), topic, op, kind, sid, key, version, start, count))
+           start: int | None = None, count: int | None = None, at: str | None = None) -> None:
+    """The change row of a write; ``at``: the write's own now_iso() stamp, when it has one."""
+    c.execute(_RECORD, (at or now_iso(), topic, op, kind, sid, key, version, start, count))
 
 
 def head(c: apsw.Connection) -> int:

@@ -149,7 +149,7 @@ def put(
         else:
             done = None
         if done is not None:
-            _feed.record(c, "kv", "put", kind, sid, key, done[0])
+            _feed.record(c, "kv", "put", kind, sid, key, done[0], at=args["stamp"])
             return done[0]
     row = _settle(c, kind, sid, key, now)
     current = row[0] if row else 0
@@ -172,7 +172,7 @@ def put(
         c.execute(_REPLACE, args)
         version = current + 1
     _feed.record(c, "kv", "put", kind, sid, key, version,
-                 *((0, length) if items is not None else (None, None)))
+                 *((0, length) if items is not None else (None, None)), at=args["stamp"])
     return version
 
 
@@ -229,7 +229,7 @@ def append(
         list_id, version = row[2], row[0] + 1
         c.execute(_EXTEND, (kind, sid, key, version, length + n, new_size, stamp, keep, expires))
     _add_items(c, list_id, length, items)
-    _feed.record(c, "kv", "append", kind, sid, key, version, length, n)
+    _feed.record(c, "kv", "append", kind, sid, key, version, length, n, at=stamp)
     return length + n, version
 
 
@@ -253,12 +253,13 @@ def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list
     left = length - k
     # The JSON of the list loses the items' bytes and one comma each (SPEC §2 size).
     new_size = 2 if left == 0 else size - sum(len(t.encode("utf-8")) for t in removed) - k
+    stamp = now_iso()
     c.execute(
         """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7
            WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
-        (kind, sid, key, version + 1, left, new_size, now_iso()),
+        (kind, sid, key, version + 1, left, new_size, stamp),
     )
-    _feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k)
+    _feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k, at=stamp)
     return removed, version + 1
 
 
