@@ -7,7 +7,7 @@ from ._batch import Batch
 from ._changes import Change
 from ._database import Database, open
 from ._remote import connect
-from ._runs import Record, RunStore, SavedState
+from ._runs import Record, RunHead, RunStore, SavedState
 from ._sessions import Principal, SessionInfo, Sessions, Turn
 from ._scope import Appended, Scope, State, Versioned
 from ._thread import ThreadStateClient, ThreadStateStore
@@ -54,6 +54,7 @@ __all__ = [
     "Sessions",
     "Turn",
     "Record",
+    "RunHead",
     "RunStore",
     "SavedState",
     "HistoryGap",

@@ -258,8 +258,12 @@ class RemoteOps:
         return head, [(e.get("seq") if isinstance(e, dict) else None, _dumps(e)) for e in d["entries"]]
 
     def run_head(self, run_id: str) -> Row | None:
-        got = self.run_read(run_id)
-        return None if got is None else got[0]
+        try:
+            d = self._call("GET", f"/v1/runs/{_q(run_id)}/head", runs=True)
+        except E.NotFound:
+            return None
+        return (_text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"], d["created_at"],
+                d["updated_at"])
 
     def run_entries(self, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
         d = self._call("GET", f"/v1/runs/{_q(run_id)}/entries", params={"since": since, "limit": limit})

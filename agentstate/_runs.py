@@ -26,6 +26,23 @@ UNKNOWN_RESULT = (
 )
 
 
+class RunHead(NamedTuple):
+    """A run without its history: the snapshot, the seqs kept, the store's times."""
+
+    id: str
+    snapshot: dict[str, Any] | None
+    first_seq: int  # the oldest entry kept (trim() moves it up)
+    next_seq: int  # the seq the next entry takes; first_seq == next_seq: no entries
+    format: int
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def summary(self) -> SavedState:
+        return SavedState.from_snapshot(self.id, self.snapshot, created_at=self.created_at,
+                                        updated_at=self.updated_at)
+
+
 class Record(NamedTuple):
     """A run: all entries in seq order, and the snapshot (or None)."""
 
@@ -152,6 +169,16 @@ class RunStore:
         head, rows = got
         return Record(_decode_entries(rows), decode(head[0]) if head[0] is not None else None)
 
+    def head(self, run_id: str) -> RunHead | None:
+        """The run's snapshot, seqs and times without reading its history; None if absent."""
+        check_key(run_id, "run id")
+        got = self._ops.run_head(run_id)
+        if got is None:
+            return None
+        snapshot, next_seq, fmt, first, created, updated = got
+        return RunHead(run_id, decode(snapshot) if snapshot is not None else None, first, next_seq,
+                       fmt, parse_time(created), parse_time(updated))
+
     def trim(self, run_id: str, *, before: int) -> int:
         """Remove the entries with seq < ``before``; return how many.
 
@@ -230,7 +257,7 @@ class RunStore:
         if got is None:
             raise RunNotFound(f"no run {run_id!r}")
         head, rows = got
-        snapshot_text, next_seq, fmt, first = head
+        snapshot_text, next_seq, fmt, first = head[:4]
         if fmt > RUN_FORMAT:
             raise SchemaTooNew(f"run {run_id!r} has format {fmt}; this agentstate reads {RUN_FORMAT}")
         entries = self._verify(run_id, rows, first, next_seq)
@@ -296,6 +323,7 @@ class RunStore:
 
     awrite = _aversion(write)
     aread = _aversion(read)
+    ahead = _aversion(head)
     aentries = _aversion(entries)
     atail = _aversion(tail)
     adelete = _aversion(delete)

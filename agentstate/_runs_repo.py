@@ -86,9 +86,10 @@ def _check_resent(c: apsw.Connection, run_id: str, old: list[tuple[int, str]]) -
 
 
 def head(c: apsw.Connection, run_id: str) -> tuple[Any, ...] | None:
-    """(snapshot, next_seq, format, first_seq) of a run, or None."""
+    """(snapshot, next_seq, format, first_seq, created_at, updated_at) of a run, or None."""
     return c.execute(
-        "SELECT snapshot, next_seq, format, first_seq FROM run WHERE id = ?", (run_id,)
+        "SELECT snapshot, next_seq, format, first_seq, created_at, updated_at FROM run WHERE id = ?",
+        (run_id,),
     ).fetchone()
 
 

@@ -148,6 +148,19 @@ def test_racing_writers_cannot_make_gaps_or_duplicates(db):
         assert [e["k"] for e in entries if e["who"] == w] == list(range(40))
 
 
+def test_head_is_the_run_without_its_history(db):
+    assert db.runs.head("nope") is None
+    db.runs.write("h", [{"seq": i, "type": "x"} for i in range(5)], {"task": "t", "turn": 3},
+                  create=True)
+    db.runs.trim("h", before=2)
+    h = db.runs.head("h")
+    assert (h.id, h.snapshot, h.first_seq, h.next_seq, h.format) == ("h", {"task": "t", "turn": 3}, 2, 5, 1)
+    assert h.summary == next(r for r in db.runs.list() if r.id == "h")
+    assert h.created_at <= h.updated_at and h.updated_at.tzinfo is not None
+    with pytest.raises(agentstate.InvalidKey):
+        db.runs.head("bad id")
+
+
 def test_list_is_paged(db):
     for i in range(7):
         db.runs.write(f"r{i}", [], {"task": f"t{i}"}, create=True)

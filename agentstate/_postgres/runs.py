@@ -48,9 +48,9 @@ def write(c: Conn, run_id: str, entries: list[tuple[int, str]], snapshot: str | 
 
 
 def head(c: Conn, run_id: str) -> Row | None:
-    """(snapshot, next_seq, format, first_seq) of a run, or None."""
-    return c.execute("SELECT snapshot::text, next_seq, format, first_seq FROM run WHERE id = %s",
-                     (run_id,)).fetchone()
+    """(snapshot, next_seq, format, first_seq, created_at, updated_at) of a run, or None."""
+    return c.execute("SELECT snapshot::text, next_seq, format, first_seq, iso_utc(created_at), "
+                     "iso_utc(updated_at) FROM run WHERE id = %s", (run_id,)).fetchone()
 
 
 def entries(c: Conn, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:

@@ -243,7 +243,7 @@ class API:
         got = await h.blocking(self.db._ops.run_read, _run_id(run_id))
         if got is None:
             raise agentstate.RunNotFound(f"no run {run_id!r}")
-        (snapshot, next_seq, fmt, first), rows = got
+        (snapshot, next_seq, fmt, first, *_), rows = got
         try:
             entries = [json.loads(text) for _, text in rows]
             snap = None if snapshot is None else json.loads(snapshot)
@@ -252,6 +252,15 @@ class API:
                                      f"JSON: {e}") from None
         return h.JSON({"id": run_id, "snapshot": snap, "entries": entries, "first_seq": first,
                        "next_seq": next_seq, "format": fmt})
+
+    async def run_head(self, request: Request) -> Response:
+        await self.principal(request)
+        head = await h.blocking(self.db.runs.head, request.path_params["run_id"])
+        if head is None:
+            raise agentstate.RunNotFound(f"no run {request.path_params['run_id']!r}")
+        return h.JSON({"id": head.id, "snapshot": head.snapshot, "first_seq": head.first_seq,
+                       "next_seq": head.next_seq, "format": head.format,
+                       "created_at": _iso(head.created_at), "updated_at": _iso(head.updated_at)})
 
     async def run_delete(self, request: Request) -> Response:
         await self.principal(request)
@@ -594,6 +603,8 @@ def _routes(api: API) -> list[Route_]:
                answer="RunIds", errors=(400, 413)),
         Route_("GET", "/v1/runs/{run_id}", api.run_get, "A run: entries and snapshot",
                answer="Run", errors=(400, 404)),
+        Route_("GET", "/v1/runs/{run_id}/head", api.run_head, "A run's snapshot and bounds, without "
+               "its history", answer="RunHead", errors=(400, 404, 500)),
         Route_("DELETE", "/v1/runs/{run_id}", api.run_delete, "Delete a run", answer="Deleted"),
         Route_("POST", "/v1/runs/{run_id}/write", api.run_write, "Add entries, replace the snapshot",
                body=WriteBody, answer="Written", errors=(400, 404, 409, 413)),

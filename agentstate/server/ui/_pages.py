@@ -106,32 +106,26 @@ def overview(db: agentstate.Database, p: agentstate.Principal) -> Overview:
     return Overview(counts, turns, runs[:10], list(reversed(latest)))
 
 
-SNAPSHOT_INLINE = 5000  # runs up to this many entries show their snapshot on the page
-
-
 @dataclass
 class RunPage:
     run_id: str
-    summary: agentstate.SavedState  # from runs.list(): task, turn, stopped_by, finished, times
+    summary: agentstate.SavedState  # from runs.head(): task, turn, stopped_by, finished, times
     entries: list[dict[str, Any]]  # this page, in seq order
     first: int | None  # the run's first and last seq (None: no entries)
     last: int | None
     older: int | None  # the ``before`` of the next older page, or None
     newer: int | None  # the ``before`` of the next newer page; None: the newest is next or shown
     newest: bool  # this is the newest page
-    snapshot: Any  # None when not read (a long run: see ``snapshot_page``)
-    snapshot_read: bool
+    snapshot: Any
 
 
 def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int = PAGE) -> RunPage:
     """One page of a run's entries, the newest by default: ``tail`` and ``entries``
     read only the page (and the first entry), whatever the run's length."""
-    summary = next((r for r in db.runs.list() if r.id == run_id), None)
-    if summary is None:
+    rh = db.runs.head(run_id)
+    if rh is None:
         raise agentstate.RunNotFound(f"no run {run_id!r}")
-    tail = db.runs.tail(run_id, 1)
-    head = db.runs.entries(run_id, 0, 1)
-    first, last = (head[0]["seq"], tail[0]["seq"]) if tail and head else (None, None)
+    first, last = (rh.first_seq, rh.next_seq - 1) if rh.next_seq > rh.first_seq else (None, None)
     newest = before is None or last is None or before > last
     if last is None:
         entries = []
@@ -143,15 +137,12 @@ def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int
     lo = entries[0]["seq"] if entries else None
     older = lo if lo is not None and first is not None and lo > first else None
     newer = None if newest or before is None or before + size > last else before + size
-    small = last is None or last - first < SNAPSHOT_INLINE
-    snapshot = db.runs.read(run_id).snapshot if small else None
-    return RunPage(run_id, summary, entries, first, last, older, newer, newest, snapshot, small)
+    return RunPage(run_id, rh.summary, entries, first, last, older, newer, newest, rh.snapshot)
 
 
 def snapshot_page(db: agentstate.Database, run_id: str) -> Any:
-    """A long run's snapshot: the public API reads it only with every entry (``runs.read``),
-    so it is a page of its own, read on request (see the report of issue 16)."""
-    rec = db.runs.read(run_id)
-    if rec is None:
+    """A run's snapshot on a page of its own (``runs.head``: the history is not read)."""
+    rh = db.runs.head(run_id)
+    if rh is None:
         raise agentstate.RunNotFound(f"no run {run_id!r}")
-    return rec.snapshot
+    return rh.snapshot
