@@ -13,8 +13,10 @@
 -- are timestamptz from the server's clock; keys and ids sort bytewise
 -- (COLLATE "C"), as on SQLite. Every write is one call of a function below,
 -- so a write is one round trip and one statement; the functions lock rows
--- (SELECT ... FOR UPDATE, ON CONFLICT), never tables; the one lock every write
--- shares is the feed's head row, taken last and held only through COMMIT.
+-- (SELECT ... FOR UPDATE, ON CONFLICT), never tables, and no row or lock is
+-- shared by all writers: writers of different keys, runs and sessions commit
+-- side by side. (The change feed's order is settled by its readers: see
+-- feed_sequence.)
 --
 -- Refusals raise SQLSTATE P0001 with HINT 'agentstate:<error class>' (VersionConflict,
 -- HistoryGap, ...) and, where the error carries a fact (a version, a turn id, a
@@ -143,16 +145,20 @@ CREATE TABLE turn (
 -- One turn at a time, across machines: at most one queued or running turn per session.
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
 
--- The change feed (SPEC §9): one row per committed change, in commit order.
--- A seq is handed out by feed_head (one row) as the very last thing a write
--- transaction does, and the row stays locked until that transaction has
--- committed: so seqs become visible in the order they were handed out, and a
--- reader that has seen seq N never later finds a change <= N appear. (A plain
--- sequence does not promise that: a later number can commit first.) Rows hold
--- no values; old rows are purged a few per write.
+-- The change feed (SPEC §9): one row per committed change, in commit order,
+-- numbered. A write does not number its changes (that would make every writer
+-- wait for the one before it to commit: a global lock): it adds them to
+-- change_new, with a ticket from a sequence taken as its last step, and
+-- commits. A reader, before it reads, numbers the committed ones
+-- (feed_sequence, one at a time, under feed_head's row lock, in a
+-- transaction of its own that commits durably) and moves them here. So seqs
+-- become visible only in increasing order, and only for committed changes: a
+-- reader that has seen seq N never later finds a change <= N appear. (A
+-- plain sequence does not promise that: a later number can commit first.)
+-- Rows hold no values; old rows are purged a few per write.
 CREATE TABLE change (
     seq      bigint PRIMARY KEY,
-    at       timestamptz NOT NULL,  -- commit time
+    at       timestamptz NOT NULL,  -- when it was written (its transaction's last step)
     topic    text NOT NULL CHECK (topic IN ('kv', 'run', 'session')),
     op       text NOT NULL,  -- kv: put delete append pop touch expire; run: create write delete fork
                              -- trim; session: create delete, or the turn's new status
@@ -164,16 +170,43 @@ CREATE TABLE change (
     count    bigint   -- how many items or entries from start
 );
 
--- The newest seq handed out: never handed out again, even once purged.
+-- The newest seq handed out: never handed out again, even once purged. Its
+-- row lock is the sequencers' (readers'), never a writer's.
 CREATE TABLE feed_head (
-    last bigint NOT NULL CHECK (last >= 0)
+    last bigint NOT NULL CHECK (last >= 0),
+    at   timestamptz NOT NULL DEFAULT '-infinity'  -- when feed_sequence last numbered something
 );
 CREATE UNIQUE INDEX feed_head_one ON feed_head ((true));
-INSERT INTO feed_head VALUES (0);
+INSERT INTO feed_head (last) VALUES (0);
+
+-- Committed changes not numbered yet (and, until their commit, a writer's own).
+-- ticket: nextval('change_ticket'), taken by the statement that adds a
+-- transaction's changes, after everything the transaction read or waited
+-- for; ord: their order within it. feed_sequence numbers them in (ticket,
+-- ord) order: if a transaction B saw the commit of A (it waited for A's row
+-- lock, or read what A wrote), A took its ticket before its commit and B
+-- after it, so A's changes come first; a transaction's changes get
+-- consecutive seqs. No index: readers look at it before every read, and it
+-- holds only what came since the last of them.
+CREATE TABLE change_new (
+    ticket   bigint  NOT NULL,
+    ord      integer NOT NULL,
+    at       timestamptz NOT NULL,
+    topic    text NOT NULL,
+    op       text NOT NULL,
+    kind     text COLLATE "C",
+    scope_id text COLLATE "C",
+    key      text COLLATE "C",
+    version  bigint,
+    start    bigint,
+    count    bigint
+);
+CREATE SEQUENCE change_ticket;
 
 -- Changes of a transaction() block, held until it commits (unlogged: they
 -- never outlive their transaction). Only the block's own rows are visible to
--- it, and it moves them into `change` right before COMMIT.
+-- it, and it moves them into change_new right before COMMIT, with one ticket
+-- taken then (not at its first write: see change_new).
 CREATE UNLOGGED TABLE change_pending (
     id       bigserial PRIMARY KEY,
     topic    text NOT NULL,
@@ -233,32 +266,31 @@ EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
     RETURN '\x' || encode(b, 'hex');
 END $$;
 
--- Append changes to the feed: seqs from feed_head, whose row lock is held
--- until this transaction commits. Called last by each write (or at COMMIT
--- for a transaction() block, which sets agentstate.block): a writer waits
--- here only for the writers ahead of it to commit, never while it holds
--- other locks that those writers need.
-CREATE FUNCTION feed_append(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
+-- Add a transaction's changes to change_new under one new ticket (the last
+-- step of a write, or of a transaction() block at COMMIT), and mark the
+-- connection so that feed_notify(), sent right after the COMMIT, wakes the
+-- watchers. No lock: concurrent writers do not wait for each other here.
+CREATE FUNCTION feed_append(ch change_row[], p_tidy boolean) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    v_n    integer := coalesce(cardinality(ch), 0);
-    v_last bigint;
+    v_ticket bigint;
 BEGIN
-    IF v_n = 0 OR EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0) THEN
+    IF coalesce(cardinality(ch), 0) = 0
+       OR EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0) THEN
         RETURN;
     END IF;
-    UPDATE feed_head SET last = last + v_n RETURNING last INTO v_last;
-    INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count)
-    SELECT v_last - v_n + u.ord, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key,
-           u.version, u.start, u.count
+    v_ticket := nextval('change_ticket');
+    INSERT INTO change_new (ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
+    SELECT v_ticket, u.ord, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key, u.version,
+           u.start, u.count
     FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord);
-    PERFORM pg_notify(feed_channel(), '');
+    PERFORM set_config('agentstate.notify', CASE WHEN p_tidy THEN 'tidy' ELSE 'on' END, false);
 END $$;
 
--- What each write calls with its changes: to the feed now, or (inside a
+-- What each write calls with its changes: to change_new now, or (inside a
 -- transaction() block) held in change_pending until feed_flush() at COMMIT.
 -- Every 16th write of a connection also does the bounded purge (a few old feed
 -- rows and expired keys: no write pays for a large one), inside the write's
--- statement, before the feed's lock; rows another transaction holds are skipped.
+-- statement; rows another transaction holds are skipped.
 CREATE FUNCTION feed_add(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_writes bigint := coalesce(nullif(current_setting('agentstate.writes', true), ''), '0')::bigint + 1;
@@ -272,8 +304,11 @@ BEGIN
         SELECT u.topic, u.op, u.kind, u.scope_id, u.key, u.version, u.start, u.count
         FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord)
         ORDER BY u.ord;
+        IF v_writes % 16 = 0 THEN
+            PERFORM set_config('agentstate.tidy', 'on', true);
+        END IF;
     ELSE
-        PERFORM feed_append(ch);
+        PERFORM feed_append(ch, v_writes % 16 = 0);
     END IF;
 END $$;
 
@@ -285,7 +320,86 @@ BEGIN
     WITH moved AS (DELETE FROM change_pending RETURNING *)
     SELECT array_agg(ROW(topic, op, kind, scope_id, key, version, start, count)::change_row ORDER BY id)
     INTO ch FROM moved;
-    PERFORM feed_append(ch);
+    PERFORM feed_append(ch, current_setting('agentstate.tidy', true) = 'on');
+END $$;
+
+-- Number the committed changes of change_new, in ticket order, from
+-- feed_head.last on, and move them to `change`; the newest seq. Readers call
+-- it before they read (in a transaction of its own: the read's snapshot
+-- comes after its COMMIT), so a writer that committed and then reads sees
+-- its change. With nothing to number it reads one row and writes nothing
+-- (a polling reader takes no lock and never waits for a flush). Else, one
+-- sequencer at a time: feed_head's row lock; the statements after it see the
+-- previous sequencer's commit (READ COMMITTED: a new snapshot each), so no
+-- change is numbered twice and the seqs continue where it stopped. Its commit
+-- is durable (synchronous_commit on whatever the session's), so a seq a
+-- reader has seen is never lost to a crash and handed out again.
+CREATE FUNCTION feed_sequence() RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_last bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM change_new) THEN
+        RETURN (SELECT last FROM feed_head);
+    END IF;
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    SELECT last INTO v_last FROM feed_head FOR UPDATE;
+    RETURN feed_number(v_last);
+END $$;
+
+-- The numbering itself, by the holder of feed_head's row lock (a statement
+-- of its own: it sees every change committed before the lock was granted).
+CREATE FUNCTION feed_number(p_last bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    WITH moved AS (DELETE FROM change_new RETURNING *)
+    INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count)
+    SELECT p_last + row_number() OVER (ORDER BY ticket, ord), at, topic, op, kind, scope_id, key,
+           version, start, count
+    FROM moved;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        UPDATE feed_head SET last = p_last + v_n, at = now();
+    END IF;
+    RETURN p_last + v_n;
+END $$;
+
+-- Sent by the client right after a write's COMMIT, in a transaction of its
+-- own, in the same round trip: wakes the watchers (LISTEN on feed_channel())
+-- if the write added changes. Not inside the write: PostgreSQL holds a lock
+-- of the whole database from a NOTIFY's commit until its flush is done, which
+-- would make every writer's commit wait for the one before it. Here the
+-- commit is not flushed (nothing to keep), so that lock is held for a moment.
+-- On the 16th write of a connection it also numbers the changes if no reader
+-- has for a second (so they are purged in time when nobody reads the feed),
+-- unless another client is numbering them: never waits, never fails.
+CREATE FUNCTION feed_notify() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_mark     text := current_setting('agentstate.notify', true);
+    v_last     bigint;
+    v_numbered boolean := false;
+BEGIN
+    IF v_mark IS NULL OR v_mark = '' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('agentstate.notify', '', false);
+    IF v_mark = 'tidy' AND EXISTS (SELECT 1 FROM change_new) THEN
+        BEGIN
+            SELECT last INTO v_last FROM feed_head WHERE at < now() - interval '1 second'
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                PERFORM feed_number(v_last);
+                v_numbered := true;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            NULL;  -- the write has committed: its numbering is left to the next reader
+        END;
+    END IF;
+    -- Numbered: a durable commit, as feed_sequence's. Else nothing to keep.
+    PERFORM set_config('synchronous_commit', CASE WHEN v_numbered THEN 'on' ELSE 'off' END, true);
+    PERFORM pg_notify(feed_channel(), '');
 END $$;
 
 -- Delete a key's row (and a list's items), remembering its version; its change.
@@ -843,7 +957,7 @@ DECLARE
     step record;
 BEGIN
     SELECT * INTO step FROM feed_purge_step(p_batch);
-    PERFORM feed_add(step.o_changes);
+    PERFORM feed_add(step.o_changes);  -- numbered by the next reader, as a write's
     RETURN step.o_rows;
 END $$;
 
@@ -879,8 +993,15 @@ SELECT t.session_id, s.owner, t.id AS turn_id, t.n, t.status, iso_utc(t.lease_un
 FROM turn t JOIN session s ON s.id = t.session_id
 WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
 
--- The change feed, as SPEC §9 names its columns.
+-- The change feed, as SPEC §9 names its columns. Committed changes no reader
+-- has numbered yet (change_new) are shown with the seqs they will get if no
+-- change with an earlier ticket commits meanwhile; `SELECT feed_sequence()`
+-- numbers them for good (every read of the feed by a client does).
 CREATE VIEW changes AS
-SELECT seq, iso_utc(at) AS at, topic, op, kind, scope_id, key, version, start, count FROM change;
+SELECT seq, iso_utc(at) AS at, topic, op, kind, scope_id, key, version, start, count FROM change
+UNION ALL
+SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.topic, n.op, n.kind,
+       n.scope_id, n.key, n.version, n.start, n.count
+FROM change_new n CROSS JOIN feed_head h;
 
 INSERT INTO agentstate_version (version) VALUES (1);

@@ -73,7 +73,10 @@ INVARIANTS: list[tuple[str, str]] = [
         FROM change HAVING max(seq) > (SELECT last FROM feed_head)
         UNION ALL
         SELECT 'change_pending', count(*) || ' changes of committed transactions never reached the feed'
-        FROM change_pending HAVING count(*) > 0"""),
+        FROM change_pending HAVING count(*) > 0
+        UNION ALL
+        SELECT 'change_new ticket ' || ticket, 'topic ' || topic || ' op ' || op || ' is no change'
+        FROM change_new WHERE topic NOT IN ('kv', 'run', 'session') OR ord < 1"""),
     ("no kv change is newer than its key", """
         SELECT 'change seq ' || ch.seq, 'version ' || ch.version || ' of ' || ch.kind || ':'
                || ch.scope_id || ' ' || ch.key || ' but the key has reached only '
@@ -125,7 +128,7 @@ def info(store: Store) -> dict[str, Any]:
                       (SELECT count(*) FROM kv), (SELECT count(*) FROM list_item),
                       (SELECT count(*) FROM run), (SELECT count(*) FROM run_entry),
                       (SELECT count(*) FROM session), (SELECT count(*) FROM turn),
-                      (SELECT count(*) FROM change),
+                      (SELECT count(*) FROM change) + (SELECT count(*) FROM change_new),
                       (SELECT version FROM agentstate_version),
                       (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
                        FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace

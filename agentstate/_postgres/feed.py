@@ -1,10 +1,12 @@
 """Repository of the change feed (SPEC §9) and the settings (SPEC §10) on PostgreSQL.
 
 The write functions record their changes themselves (``feed_add`` in
-``schema_postgres.sql``), in commit order: seqs come from the one-row
-``feed_head`` as the last step of each write and stay locked until it
-commits. Every 16th write of a connection also purges a few old rows and
-expired keys (``feed_purge_step``); ``purge`` runs one such step on demand.
+``schema_postgres.sql``), unnumbered and without a lock every writer would
+share; a reader numbers the committed ones (``feed_sequence``) in a
+transaction of its own right before its read, in the same round trip, so the
+seqs it sees only ever grow and it sees its own committed writes. Every 16th
+write of a connection also purges a few old rows and expired keys
+(``feed_purge_step``); ``purge`` runs one such step on demand.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from .._feed import DEFAULTS
 from ..errors import CursorExpired
-from .store import Conn
+from .store import READ, SEQUENCE, Conn
 
 __all__ = ["iso", "head", "scan", "settings", "set_setting", "purge"]
 
@@ -29,15 +31,26 @@ def iso(t: float) -> str:
 
 
 def head(c: Conn) -> int:
-    """The newest seq handed out; 0 on a new store."""
+    """The newest seq, once the committed changes are numbered; 0 on a new store.
+
+    Inside a write transaction nothing is numbered (that would hold the
+    sequencers' lock until it ends): the newest seq numbered so far.
+    """
+    if c.mode is READ:
+        return c.execute("SELECT feed_sequence()").fetchone()[0]
     return c.execute("SELECT last FROM feed_head").fetchone()[0]
 
 
 def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
     """(change rows after since, head) in the caller's snapshot.
 
+    The committed changes are numbered first (``SEQUENCE``, sent with the
+    snapshot's BEGIN), unless this is a write transaction.
+
     :raises CursorExpired: some change after ``since`` is no longer kept.
     """
+    if c.mode is READ and not c.open:
+        c.pending[:0] = SEQUENCE
     top, retention, first = c.execute(
         "SELECT (SELECT last FROM feed_head), (SELECT value FROM setting WHERE name = 'feed_retention'), "
         "(SELECT min(seq) FROM change)").fetchone()

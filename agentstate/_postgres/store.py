@@ -3,11 +3,14 @@
 A ``psycopg_pool.ConnectionPool`` of autocommit connections is shared by the
 threads of a process. Every write is one call of a server function (see
 ``schema_postgres.sql``), so a call outside ``db.transaction()`` is a single
-statement in autocommit: one round trip, its own transaction. An operation of
-several statements, and a ``transaction()`` block, runs in ``BEGIN`` ...
-``COMMIT`` on one connection held by its thread, with a SAVEPOINT around each
-nested write so a refused call undoes only itself. psycopg errors are
-translated here, where they enter the library: none reaches the caller.
+statement in its own transaction, sent in one round trip with what follows its
+COMMIT: ``BEGIN; SELECT kv_put(...); COMMIT; SELECT feed_notify()`` (the
+watchers' wake-up, in a transaction of its own: see ``schema_postgres.sql``).
+An operation of several statements, and a ``transaction()`` block, runs in
+``BEGIN`` ... ``COMMIT`` on one connection held by its thread, with a
+SAVEPOINT around each nested write so a refused call undoes only itself.
+psycopg errors are translated here, where they enter the library: none
+reaches the caller.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from ..errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, Stora
 POOL_MAX = 16  # connections per process: one per thread inside a write, at most
 RETRIES = 3  # a lone statement that lost a deadlock did nothing: it is run again
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
-              "feed_head", "change_pending", "setting", "token")
+              "feed_head", "change_new", "change_pending", "setting", "token")
+RECHECK = 1.0  # seconds a watcher waits for a NOTIFY before it looks again anyway
 
 
 def schema_text() -> str:
@@ -121,7 +125,88 @@ AUTO, TXN, READ = "auto", "txn", "read"
 # tells feed_add() to hold the changes until feed_flush() at COMMIT.
 BEGIN_WRITE = ("BEGIN", "SELECT set_config('agentstate.block', 'on', true)")
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
+# Before a read of the feed: number the committed changes, and commit that,
+# before the read's snapshot is taken (sent in the same round trip).
+SEQUENCE = ("BEGIN ISOLATION LEVEL READ COMMITTED", "SELECT feed_sequence()", "COMMIT")
+# What follows a write's COMMIT, in the same round trip: the wake-up.
+AFTER_COMMIT = "SELECT feed_notify()"
 SAVEPOINT, RELEASE = "SAVEPOINT w", "RELEASE SAVEPOINT w"
+
+
+# -- a lone write and its wake-up in one round trip --------------------------------
+
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?s|%%")
+_SPLIT: dict[str, list[str | tuple[str | int]]] = {}  # query -> text pieces and placeholders
+_FLOATS = {float("inf"): "'Infinity'::float8", float("-inf"): "'-Infinity'::float8"}
+
+
+class _NotInline(Exception):
+    """A parameter this module does not write as a literal: sent the ordinary way."""
+
+
+def _split(query: str) -> list[str | tuple[str | int]]:
+    parts = _SPLIT.get(query)
+    if parts is None:
+        parts, pos, n = [], 0, 0
+        for m in _PLACEHOLDER.finditer(query):
+            parts.append(query[pos:m.start()])
+            if m.group(0) == "%%":
+                parts.append("%")
+            else:
+                parts.append((m.group(1) if m.group(1) else n,))
+                n += 1
+            pos = m.end()
+        parts.append(query[pos:])
+        if len(_SPLIT) < 1000:
+            _SPLIT[query] = parts
+    return parts
+
+
+def _literal(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    t = type(v)
+    if t is str:
+        if "\x00" in v:
+            raise _NotInline
+        return "'" + v.replace("'", "''") + "'"
+    if t is bool:
+        return "true" if v else "false"
+    if t is int:
+        return str(v)
+    if t is float:
+        if v != v:
+            return "'NaN'::float8"
+        return _FLOATS.get(v) or f"'{v!r}'::float8"
+    if t is bytes or t is bytearray or t is memoryview:
+        return "'\\x" + bytes(v).hex() + "'::bytea"
+    if t is list:
+        if not v:
+            return "'{}'"
+        if all(type(x) is str for x in v):
+            return "ARRAY[" + ",".join(map(_literal, v)) + "]::text[]"
+        if all(type(x) is int for x in v):
+            return "ARRAY[" + ",".join(map(str, v)) + "]::int8[]"
+    raise _NotInline
+
+
+def inline(query: Any, params: Any) -> str | None:
+    """The statement with its parameters written in as literals (standard_conforming_strings
+    is on), or None for a parameter it does not know (then it is sent the ordinary way)."""
+    if type(query) is not str:
+        return None
+    if params is None:
+        return query
+    try:
+        out = []
+        for part in _split(query):
+            if type(part) is str:
+                out.append(part)
+            else:
+                out.append(_literal(params[part[0]]))
+        return "".join(out)
+    except (_NotInline, KeyError, IndexError, TypeError):
+        return None
 
 
 class Conn:
@@ -153,19 +238,50 @@ class Conn:
         if self.mode is not AUTO:
             return self.raw.execute(query, params)
         self.ran = True
+        text = inline(query, params)
+        if text is not None:
+            text = f"BEGIN; {text}; COMMIT; {AFTER_COMMIT}"
         for attempt in range(RETRIES):
             try:
-                return self.raw.execute(query, params)
+                return self._lone(query, params, text)
             except _RETRY:
                 if attempt == RETRIES - 1:
                     raise
         raise AssertionError("unreachable")
 
+    def _lone(self, query: Any, params: Any, text: str | None) -> psycopg.Cursor:
+        """One statement in a transaction of its own, then the wake-up (feed_notify)."""
+        raw = self.raw
+        if text is None:  # two round trips: a parameter not written as a literal
+            cur = raw.execute(query, params)
+            try:
+                raw.execute(AFTER_COMMIT)
+            except psycopg.Error:
+                pass  # committed: the watchers look again within RECHECK seconds
+            return cur
+        try:
+            cur = raw.execute(text, prepare=False)
+        except UnicodeEncodeError:  # not UTF-8 (lone surrogates): let psycopg say so
+            return self._lone(query, params, None)
+        except psycopg.Error as e:
+            status = raw.info.transaction_status
+            if status == psycopg.pq.TransactionStatus.INERROR:  # refused before its COMMIT
+                _quiet_rollback(raw)
+            elif status == psycopg.pq.TransactionStatus.IDLE:
+                # Refused at or after its COMMIT: whether it committed is not known here.
+                e.agentstate_outcome_unknown = True  # type: ignore[attr-defined]
+            raise
+        cur.nextset()  # past BEGIN: the statement's rows
+        return cur
+
     def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
         pending, self.pending = self.pending, []
         self.flushes += 1
-        if pending[0].startswith("BEGIN"):
-            self.open = True
+        for p in pending:  # open: a BEGIN without its COMMIT
+            if p.startswith("BEGIN"):
+                self.open = True
+            elif p == "COMMIT":
+                self.open = False
         self.raw.execute("; ".join(pending))
         return self.raw.execute(query, params)
 
@@ -231,8 +347,11 @@ class Store:
         c.adapters.register_dumper(int, Int8Dumper)
         lock_ms = max(1, int(self.busy_timeout * 1000))  # 0 would mean "wait forever"
         sync = "on" if self.durability == "full" else "off"
+        # READ COMMITTED whatever the server's default: the functions count on a new
+        # snapshot per statement. Standard strings: inline() writes literals so.
         c.execute(f"SET lock_timeout = {lock_ms}; SET synchronous_commit = {sync}; "
-                  "SET TimeZone = 'UTC'")
+                  "SET TimeZone = 'UTC'; SET default_transaction_isolation = 'read committed'; "
+                  "SET standard_conforming_strings = on")
 
     def _checkout(self) -> psycopg.Connection:
         if self._closed:
@@ -443,7 +562,8 @@ class _Write:
             if c.mode is TXN:
                 self._end_transaction(exc)
             elif isinstance(exc, psycopg.Error):
-                raise translate(exc, outcome_unknown=lost_connection(exc)) from None
+                raise translate(exc, outcome_unknown=lost_connection(exc) or getattr(
+                    exc, "agentstate_outcome_unknown", False)) from None
         finally:
             store._checkin(c.raw)
 
@@ -474,10 +594,12 @@ class _Write:
             if isinstance(exc, psycopg.Error):
                 raise translate(exc) from None
             return
-        try:
-            raw.execute("SELECT feed_flush(); COMMIT")
+        try:  # the changes to the feed, COMMIT, and the wake-up after it: one round trip
+            raw.execute(f"SELECT feed_flush(); COMMIT; {AFTER_COMMIT}")
         except psycopg.Error as e:
-            unknown = lost_connection(e)  # the COMMIT may have happened; a refusal before it did not
+            # The COMMIT may have happened; a refusal before it (still in the block) did not.
+            unknown = lost_connection(e) or (
+                raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
             _quiet_rollback(raw)
             raise translate(e, outcome_unknown=unknown) from None
 
@@ -586,7 +708,11 @@ class NotifyWaiter:
     A notification is only a wake-up (the table is the feed): ``mark`` counts
     the ones received so far, ``wait`` returns once one more arrives. A
     connection of its own; a lost one is opened again, and the wake-up it
-    may have missed is assumed (the caller looks again).
+    may have missed is assumed (the caller looks again). A writer sends its
+    NOTIFY right after its COMMIT, in a transaction of its own; one that dies
+    in between sends none, so ``wait`` also returns after RECHECK seconds
+    without one: a watcher looks again at least that often, and a change
+    whose wake-up was lost is seen within RECHECK seconds.
     """
 
     def __init__(self, store: Store) -> None:
@@ -622,31 +748,41 @@ class NotifyWaiter:
         return self.count
 
     def wait(self, mark: int, deadline: float | None) -> bool:
-        """Until a notification after ``mark`` (True) or the monotonic ``deadline`` (False)."""
+        """Until a notification after ``mark`` or RECHECK seconds (True: look again), or the
+        monotonic ``deadline`` (False)."""
+        recheck = time.monotonic() + RECHECK
         while True:
             self._drain()
             if self.count > mark:
                 return True
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            now = time.monotonic()
+            if deadline is not None and deadline <= now:
                 return False
-            select.select([self.conn.fileno()], [], [], left)
+            if recheck <= now:
+                return True
+            select.select([self.conn.fileno()], [], [],
+                          min(recheck, deadline if deadline is not None else recheck) - now)
 
     async def await_change(self, mark: int) -> None:
-        """The same, on the event loop: it sleeps until the socket has something to read."""
+        """The same, on the event loop: it sleeps until the socket has something to read
+        (or RECHECK seconds pass)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
+        recheck = loop.time() + RECHECK
         while True:
             self._drain()
-            if self.count > mark:
+            left = recheck - loop.time()
+            if self.count > mark or left <= 0:
                 return
             ready = loop.create_future()
             fd = self.conn.fileno()
             loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            timer = loop.call_later(left, lambda: ready.done() or ready.set_result(None))
             try:
                 await ready
             finally:
+                timer.cancel()
                 loop.remove_reader(fd)
 
     def close(self) -> None:
