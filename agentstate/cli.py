@@ -275,11 +275,18 @@ def runs() -> None:
     """Agent runs: history entries and snapshots."""
 
 
+def paged(fn: Any) -> Any:
+    """--limit and --after for a list command (the library's keyset paging)."""
+    fn = click.option("--after", metavar="ID", help="Continue after this id (a page's last).")(fn)
+    return click.option("--limit", type=click.IntRange(min=0), help="At most N.")(fn)
+
+
 @runs.command("list")
+@paged
 @pass_obj
-def runs_list(obj: Ctx) -> None:
+def runs_list(obj: Ctx, limit: int | None, after: str | None) -> None:
     """Every run, most recently updated first."""
-    rs = obj.open().runs.list()
+    rs = obj.open().runs.list(after=after, limit=limit)
     data = [{"id": r.id, "task": r.task, "turn": r.turn, "stopped_by": r.stopped_by,
              "finished": r.finished, "created_at": r.created_at.isoformat(),
              "updated_at": r.updated_at.isoformat()} for r in rs]
@@ -365,10 +372,11 @@ def _turn_dict(t: agentstate.Turn) -> dict[str, Any]:
 
 
 @sessions.command("list")
+@paged
 @pass_obj
-def sessions_list(obj: Ctx) -> None:
+def sessions_list(obj: Ctx, limit: int | None, after: str | None) -> None:
     """Every session, newest first."""
-    ss = obj.open().sessions.list(ADMIN)
+    ss = obj.open().sessions.list(ADMIN, after=after, limit=limit)
     obj.out([{"id": s.id, "owner": s.owner, "created_at": s.created_at.isoformat(),
               "metadata": s.metadata} for s in ss],
             table(("ID", "OWNER", "CREATED"),
@@ -395,10 +403,11 @@ def sessions_show(obj: Ctx, session_id: str) -> None:
 
 @sessions.command("turns", context_settings=ARGS)
 @click.argument("session_id")
+@paged
 @pass_obj
-def sessions_turns(obj: Ctx, session_id: str) -> None:
+def sessions_turns(obj: Ctx, session_id: str, limit: int | None, after: str | None) -> None:
     """A session's turns, newest first."""
-    ts = obj.open().sessions.turns(session_id, ADMIN)
+    ts = obj.open().sessions.turns(session_id, ADMIN, after=after, limit=limit)
     obj.out([_turn_dict(t) for t in ts],
             table(("N", "TURN", "STATUS", "UPDATED"),
                   [(t.n, t.id, t.status, t.updated_at.strftime("%Y-%m-%d %H:%M:%S")) for t in ts]))

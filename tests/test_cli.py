@@ -172,6 +172,27 @@ def test_runs_commands(db_path, tmp_path):
     assert jrun(db_path, "runs", "list") == []
 
 
+def test_list_commands_page(db_path):
+    alice = agentstate.Principal("alice")
+    with agentstate.open(db_path) as db:
+        for i in range(5):
+            db.runs.write(f"r{i}", [], {"task": "t"}, create=True)
+        s = db.sessions.create(alice)
+        for i in range(3):
+            db.sessions.start_turn(s.id, alice).finish()
+        db.sessions.create(alice)
+    ids = [r["id"] for r in jrun(db_path, "runs", "list")]
+    first = [r["id"] for r in jrun(db_path, "runs", "list", "--limit", "2")]
+    rest = [r["id"] for r in jrun(db_path, "runs", "list", "--after", first[-1])]
+    assert first + rest == ids and len(first) == 2
+    assert len(jrun(db_path, "sessions", "list", "--limit", "1")) == 1
+    turns = jrun(db_path, "sessions", "turns", s.id, "--limit", "2")
+    older = jrun(db_path, "sessions", "turns", s.id, "--after", turns[-1]["id"])
+    assert [t["n"] for t in turns + older] == [3, 2, 1]
+    r = run(db_path, "runs", "list", "--after", "nope")
+    assert r.exit_code == 1 and "nope" in r.stderr
+
+
 def test_sessions_commands(db_path):
     alice = agentstate.Principal("alice")
     with agentstate.open(db_path) as db:
