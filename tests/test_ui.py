@@ -23,8 +23,9 @@ XSS = "<script>document.title='pwned'</script>"
 
 
 @pytest.fixture
-def ui(db):
-    """(client factory signed in with a token, db, tokens)."""
+def ui(any_db):
+    """(client factory signed in with a token, db, tokens), on each backend."""
+    db = any_db
     tok = {"admin": db.tokens.create("ops", admin=True), "alice": db.tokens.create("alice"),
            "bob": db.tokens.create("bob")}
     app = create_app(db)
