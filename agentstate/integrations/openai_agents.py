@@ -55,6 +55,7 @@ from agents.memory.session_settings import (SessionSettings, coerce_session_sett
 
 import agentstate
 from agentstate import Closed, Damaged, InvalidKey, InvalidValue, SchemaTooNew, TooLarge
+from agentstate.integrations._escape import escape, unescape
 
 __all__ = ["AgentStateSession", "SessionClosed", "scope_id", "session_id_of"]
 
@@ -83,13 +84,7 @@ def scope_id(session_id: str) -> str:
     """
     if not isinstance(session_id, str):
         raise InvalidKey(f"a session id must be a string, got {type(session_id).__name__}")
-    out = [SCOPE_PREFIX]
-    for ch in session_id:
-        if ch in _PLAIN:
-            out.append(ch)
-        else:
-            out.extend(f":{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-    sid = "".join(out)
+    sid = SCOPE_PREFIX + escape(session_id, _PLAIN, ":", "02X")
     if len(sid) > 200:
         raise InvalidKey(f"session id too long: its scope id would be {len(sid)} characters "
                          "(limit 200; each character outside A-Z a-z 0-9 . _ - counts 3 per byte)")
@@ -100,15 +95,7 @@ def session_id_of(scope: str) -> str:
     """The session id back from a scope id made by :func:`scope_id`."""
     if not scope.startswith(SCOPE_PREFIX):
         raise InvalidKey(f"{scope!r} is not an openai-agents session scope")
-    text, out, i = scope[len(SCOPE_PREFIX):], bytearray(), 0
-    while i < len(text):
-        if text[i] == ":":
-            out.append(int(text[i + 1:i + 3], 16))
-            i += 3
-        else:
-            out += text[i].encode("ascii")
-            i += 1
-    return out.decode("utf-8", "surrogatepass")
+    return unescape(scope[len(SCOPE_PREFIX):], ":")
 
 
 def _chunk(n: int) -> str:

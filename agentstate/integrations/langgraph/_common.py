@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import agentstate
+from agentstate.integrations._escape import escape, unescape
 
 INLINE = 2048  # bytes: a payload this small stays inside its JSON record
 CHUNK = 1 << 20  # bytes: the core's limit for one value
@@ -46,27 +47,12 @@ def esc(text: str) -> str:
     """``text`` in key characters, reversibly: ``[A-Za-z0-9-]`` stay, every other
     UTF-8 byte becomes ``_xx``. The result never contains ``.`` or ``:``, so
     those separate the parts of a key."""
-    if all(ch in _KEEP for ch in text):
-        return text
-    return "".join(
-        ch if ch in _KEEP else "".join(f"_{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
-        for ch in text
-    )
+    return escape(text, _KEEP, "_")
 
 
 def unesc(text: str) -> str:
     """The text ``esc`` was given."""
-    if "_" not in text:
-        return text
-    out, i = bytearray(), 0
-    while i < len(text):
-        if text[i] == "_":
-            out.append(int(text[i + 1:i + 3], 16))
-            i += 3
-        else:
-            out += text[i].encode("ascii")
-            i += 1
-    return out.decode("utf-8", "surrogatepass")
+    return unescape(text, "_")
 
 
 def digest(text: str) -> str:
