@@ -27,13 +27,13 @@ def db(any_db):
 
 @contextmanager
 def writes_held(db):
-    """Another connection keeps every writer waiting until the block ends: SQLite's write
-    lock, or on PostgreSQL the row lock of the feed's head, which every write takes last."""
+    """Another connection keeps every key writer waiting until the block ends: SQLite's write
+    lock, or on PostgreSQL a lock on the kv table that no row writer can share."""
     if on_postgres(db):
         import psycopg
 
         other = psycopg.connect(target(db))
-        other.execute("SELECT last FROM feed_head FOR UPDATE")
+        other.execute("LOCK TABLE kv IN EXCLUSIVE MODE")
         try:
             yield
         finally:
