@@ -83,6 +83,8 @@ CREATE TABLE run (
     first_seq  bigint  NOT NULL DEFAULT 0,  -- trim() moves it up
     CHECK (first_seq >= 0 AND first_seq <= next_seq)
 );
+-- runs.list() pages newest update first without reading the table.
+CREATE INDEX run_by_update ON run (updated_at, id);
 
 -- The append-only history of a run: the primary key makes a duplicate seq
 -- impossible and the trigger below a gap, whoever writes.
@@ -120,6 +122,7 @@ CREATE TABLE session (
     metadata   json NOT NULL DEFAULT '{}'  -- a JSON object
 );
 CREATE INDEX session_by_owner ON session (owner, created_at);
+CREATE INDEX session_by_time ON session (created_at, id);  -- an admin's sessions.list() pages
 
 -- Turns of a session: queued -> running -> finished | failed; running -> held
 -- -> decided -> resuming -> finished | failed; a queued, running or resuming
@@ -144,6 +147,11 @@ CREATE TABLE turn (
 
 -- One turn at a time, across machines: at most one queued or running turn per session.
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
+
+-- sessions.turns_by_status(): the turns that block or may still act, newest
+-- change first; finished ones (the bulk) stay out of the index.
+CREATE INDEX turn_by_status ON turn (status, updated_at)
+WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming');
 
 -- The change feed (SPEC §9): one row per committed change, in commit order,
 -- numbered. A write does not number its changes (that would make every writer

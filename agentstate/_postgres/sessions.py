@@ -98,7 +98,9 @@ def turns_by_status(c: Conn, name: str, admin: bool, statuses: tuple[str, ...], 
     """As ``_sessions_repo.turns_by_status``: open turns by status, newest change first."""
     lapsed = ("(t.status IN ('queued', 'running', 'resuming') AND t.lease_until IS NOT NULL "
               "AND t.lease_until < to_timestamp(%(now)s))")
-    where = [f"t.status = ANY(%(statuses)s) AND {'' if expired else 'NOT '}{lapsed}"]
+    # the index's own predicate, verbatim, lets the planner use turn_by_status
+    where = ["t.status IN ('queued', 'running', 'held', 'decided', 'resuming')",
+             f"t.status = ANY(%(statuses)s) AND {'' if expired else 'NOT '}{lapsed}"]
     if not admin:
         where.append("s.owner = %(name)s")
     at = None
