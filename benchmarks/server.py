@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -78,13 +79,16 @@ def bare_app(db):
     ])
 
 
-def run_server(kind: str, path: str, port: int) -> None:
+def run_server(kind: str, path: str, port: int, one_txn: bool = False,
+               durability: str = "full") -> None:
     import uvicorn
 
     import agentstate
     from agentstate.server import create_app
 
-    db = agentstate.open(path)
+    db = agentstate.open(path, durability=durability)
+    if one_txn:  # for comparison only: one transaction (one fsync) per request
+        db._store.group_commit = False
     app = create_app(db) if kind == "api" else bare_app(db)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
 
@@ -95,10 +99,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(kind: str, path: str) -> tuple[subprocess.Popen, int]:
+def start(kind: str, path: str, one_txn: bool = False,
+          durability: str = "full") -> tuple[subprocess.Popen, int]:
     port = _free_port()
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.server", "--serve", kind, "--db", path,
-                          "--port", str(port)], cwd=os.path.dirname(HERE))
+                          "--port", str(port), "--durability", durability]
+                         + (["--one-txn"] if one_txn else []),
+                         cwd=os.path.dirname(HERE))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -172,7 +179,8 @@ async def load(port: int, kind: str, workload: str, clients: int, seconds: float
     return done / elapsed
 
 
-def measure(kind: str, workload: str, clients: int, seconds: float) -> float:
+def measure(kind: str, workload: str, clients: int, seconds: float, one_txn: bool = False,
+            durability: str = "full") -> float:
     import agentstate
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +190,7 @@ def measure(kind: str, workload: str, clients: int, seconds: float) -> float:
             db.scope("app", "b").put("k0", {"n": 0, "pad": "x" * 16})
             who = agentstate.Principal("bench", admin=True)
             sessions = [db.sessions.create(who).id for _ in range(clients)]
-        proc, port = start(kind, path)
+        proc, port = start(kind, path, one_txn, durability)
         try:
             return asyncio.run(load(port, kind, workload, clients, seconds, token, sessions))
         finally:
@@ -198,9 +206,15 @@ def main() -> None:
     ap.add_argument("--serve", choices=["api", "bare"])
     ap.add_argument("--db")
     ap.add_argument("--port", type=int)
+    ap.add_argument("--one-txn", action="store_true", help=argparse.SUPPRESS)  # a served store without group commit
+    ap.add_argument("--durability", default="full", help=argparse.SUPPRESS)  # of a served store
+    ap.add_argument("--group-commit", action="store_true",
+                    help="only PUT through the API with group commit on and off: SERVER-GROUP-COMMIT.md")
     args = ap.parse_args()
     if args.serve:
-        return run_server(args.serve, args.db, args.port)
+        return run_server(args.serve, args.db, args.port, args.one_txn, args.durability)
+    if args.group_commit:
+        return group_commit(args)
     seconds, levels, repeats = (0.5, (1, 16), 1) if args.quick else (4.0, (1, 16, 64), args.repeats)
     started = time.time()
     rows = []
@@ -233,6 +247,64 @@ def main() -> None:
     lines += ["", "A turn is two requests (start, finish); its figure counts turns."]
     os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, "SERVER.md")
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print(out)
+
+
+def group_commit(args: argparse.Namespace) -> None:
+    """Issue 15, goal 4: PUT through the API at durability full, group commit on and off."""
+    seconds, levels, repeats = (0.5, (1, 16), 1) if args.quick else (4.0, (1, 64), args.repeats)
+    started, load0 = time.time(), os.getloadavg()
+    rows = []
+    for clients in levels:
+        got: dict[str, list[float]] = {"group": [], "one txn": [], "normal": []}
+        for r in range(repeats):
+            order = ["group", "one txn", "normal"]
+            random.Random(r).shuffle(order)  # all three meet the same weather
+            for how in order:
+                got[how].append(measure("api", "put", clients, seconds, how == "one txn",
+                                        "normal" if how == "normal" else "full"))
+                print(f"[put] {clients:>2} clients {how:<7} {got[how][-1]:,.0f}/s", flush=True)
+        ratios = [g / o for g, o in zip(got["group"], got["one txn"])]
+        rows.append((clients, got["group"], got["one txn"], ratios, got["normal"]))
+
+    def fig(xs: list[float]) -> str:
+        return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}–{max(xs):,.0f})"
+
+    lines = [
+        "# Group commit through the HTTP API",
+        "",
+        f"Generated by `python -m benchmarks.server --group-commit{' --quick' if args.quick else ''}` "
+        f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC in "
+        f"{(time.time() - started) / 60:.1f} min; {os.cpu_count()} cores shared by the server, "
+        f"the load generator and other work (load average {' '.join(f'{x:.2f}' for x in load0)} "
+        f"at start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end), Python "
+        f"{platform.python_version()}.",
+        "",
+        "`PUT /v1/scopes/app/b/keys/k{0..99}` through `agentstate.server.create_app` (uvicorn, one "
+        "process; each request's store call in Starlette's thread pool), durability full: a PUT is "
+        "answered only after the fsync that covers it. Group commit on (as shipped) against the same "
+        "server with `Store.group_commit = False` (one transaction, one fsync, per request), "
+        f"alternating, {repeats} runs of {seconds:g} s each; requests/s, median (min–max); the ratio "
+        "is taken run by run. Issue 15's target: ≥ 3× at 64 clients.",
+        "",
+        "The last column is the same server at durability normal (no fsync at all, group commit "
+        "on): what the server's CPU allows on this machine, so the most any commit scheme at full "
+        "could reach here.",
+        "",
+        "| clients | group commit /s | one transaction per request /s | ratio | target ≥ 3× | "
+        "durability normal /s (no fsync) | normal ÷ one transaction per request |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for clients, g, o, ratios, nrm in rows:
+        m = statistics.median(ratios)
+        ceil = [x / y for x, y in zip(nrm, o)]
+        lines.append(f"| {clients} | {fig(g)} | {fig(o)} | {m:.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) | "
+                     + ("—" if clients != 64 else ("✅" if m >= 3 else "❌"))
+                     + f" | {fig(nrm)} | {statistics.median(ceil):.2f}× |")
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.join(args.out, "SERVER-GROUP-COMMIT.md")
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print(out)
