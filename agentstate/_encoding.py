@@ -121,18 +121,9 @@ def check_value(value: Any) -> None:
     pop, push = stack.pop, stack.append
     while stack:
         v, depth = pop()
-        if isinstance(v, str):
-            if "\x00" in v:
-                raise InvalidValue("strings may not contain NUL (U+0000)")
-        elif isinstance(v, bool) or v is None:
-            pass
-        elif isinstance(v, int):
-            if not INT_MIN <= v <= INT_MAX:
-                raise InvalidValue(f"integer {v} is outside the signed 64-bit range")
-        elif isinstance(v, float):
-            if v != v or v in _INFINITIES:
-                raise InvalidValue(f"{v} is not a JSON number")
-        elif isinstance(v, (list, tuple, dict)):
+        # Containers first: they are most of what the stack holds (no object is
+        # both a container and a str/int/float, so the order changes no verdict).
+        if isinstance(v, (dict, list, tuple)):
             if depth > MAX_DEPTH:
                 raise InvalidValue(f"nesting deeper than {MAX_DEPTH} levels")
             d = depth + 1
@@ -158,6 +149,17 @@ def check_value(value: Any) -> None:
                         raise InvalidValue(f"{item} is not a JSON number")
                 elif not (t is bool or item is None):
                     push((item, d))
+        elif isinstance(v, str):
+            if "\x00" in v:
+                raise InvalidValue("strings may not contain NUL (U+0000)")
+        elif isinstance(v, bool) or v is None:
+            pass
+        elif isinstance(v, int):
+            if not INT_MIN <= v <= INT_MAX:
+                raise InvalidValue(f"integer {v} is outside the signed 64-bit range")
+        elif isinstance(v, float):
+            if v != v or v in _INFINITIES:
+                raise InvalidValue(f"{v} is not a JSON number")
         else:
             raise InvalidValue(f"{type(v).__name__} is not a JSON value")
 
