@@ -353,10 +353,13 @@ def drop_scope(c: apsw.Connection, kind: str, sid: str) -> None:
 
 def purge_expired(c: apsw.Connection, now: float, batch: int) -> int:
     """Expire up to ``batch`` keys whose time has come, soonest first; how many."""
+    # The batch as a literal: with LIMIT ? this statement took ~8 us instead of ~3.5
+    # (benchmarks/PYTHON-COST.md), and it runs in every housekeeping step.
     rows = c.execute(
-        """SELECT kind, scope_id, key, version, list_id FROM kv
-           WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at LIMIT ?""",
-        (now, batch),
+        f"""SELECT kind, scope_id, key, version, list_id FROM kv
+            WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at
+            LIMIT {int(batch)}""",
+        (now,),
     ).fetchall()
     for kind, sid, key, version, list_id in rows:
         _remove(c, kind, sid, key, version, list_id, "expire")
