@@ -255,7 +255,20 @@ def main(argv: list[str] | None = None) -> int:
                     "agentstate and both raw apsw baselines are always run)")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--pretend-missing", default="", help=argparse.SUPPRESS)  # tests: "not installed"
+    ap.add_argument("--render", default=None, metavar="PICKLE",
+                    help="only write RESULTS.md again from a run's saved figures (e.g. after "
+                         "editing ANALYSIS.md); every full-size run saves them as "
+                         "benchmarks/.cache/last-run.pickle")
     args = ap.parse_args(argv)
+    if args.render:
+        import pickle
+
+        with open(args.render, "rb") as f:
+            results, meta = pickle.load(f)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "RESULTS.md"), "w", encoding="utf-8") as f:
+            f.write(report.markdown(results, meta))
+        return 0
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
 
@@ -321,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     png_path = os.path.join(args.out, "ratios.png")
     chart = report.chart(results, names, png_path)
     meta["chart"] = chart
+    if not args.quick:  # the figures, to render RESULTS.md again (--render)
+        import pickle
+
+        with open(os.path.join(cache, "last-run.pickle"), "wb") as f:
+            pickle.dump((results, meta), f)
     with open(md_path, "w", encoding="utf-8") as f:
         f.write(report.markdown(results, meta))
     log(f"wrote {md_path}" + (f" and {png_path}" if chart is True else f" (chart: {chart})"))
