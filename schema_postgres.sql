@@ -158,7 +158,7 @@ WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming');
 -- wait for the one before it to commit: a global lock): it adds them to
 -- change_new, with a ticket from a sequence taken as its last step, and
 -- commits. A reader, before it reads, numbers the committed ones
--- (feed_sequence, one at a time, under feed_head's row lock, in a
+-- (feed_sequence, one at a time, under an advisory lock, in a
 -- transaction of its own that commits durably) and moves them here. So seqs
 -- become visible only in increasing order, and only for committed changes: a
 -- reader that has seen seq N never later finds a change <= N appear. (A
@@ -178,8 +178,8 @@ CREATE TABLE change (
     count    bigint   -- how many items or entries from start
 );
 
--- The newest seq handed out: never handed out again, even once purged. Its
--- row lock is the sequencers' (readers'), never a writer's.
+-- The newest seq handed out: never handed out again, even once purged.
+-- Written only by the sequencers (feed_number), never by a writer.
 CREATE TABLE feed_head (
     last bigint NOT NULL CHECK (last >= 0),
     at   timestamptz NOT NULL DEFAULT '-infinity'  -- when feed_sequence last numbered something
@@ -331,20 +331,26 @@ BEGIN
     PERFORM feed_append(ch, current_setting('agentstate.tidy', true) = 'on');
 END $$;
 
+-- The sequencers' lock: one numbers a store's feed at a time. An advisory
+-- lock (not feed_head's row lock), so that a sequencer that waited for
+-- another and finds nothing left to number has written nothing: no
+-- transaction id, no flush.
+CREATE FUNCTION feed_lock_key() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT hashtextextended('agentstate:feed:' || current_schema(), 0)
+$$;
+
 -- Number the committed changes of change_new, in ticket order, from
 -- feed_head.last on, and move them to `change`; the newest seq. Readers call
 -- it before they read (in a transaction of its own: the read's snapshot
 -- comes after its COMMIT), so a writer that committed and then reads sees
--- its change. With nothing to number it reads one row and writes nothing
--- (a polling reader takes no lock and never waits for a flush). Else, one
--- sequencer at a time: feed_head's row lock; the statements after it see the
--- previous sequencer's commit (READ COMMITTED: a new snapshot each), so no
--- change is numbered twice and the seqs continue where it stopped. Its commit
--- is durable (synchronous_commit on whatever the session's), so a seq a
--- reader has seen is never lost to a crash and handed out again.
+-- its change. With nothing to number it reads two rows and writes nothing (a
+-- polling reader takes no lock and never waits for a flush). Else, one
+-- sequencer at a time (feed_lock_key); the statements after the lock see
+-- the previous sequencer's commit (READ COMMITTED: a new snapshot each), so
+-- no change is numbered twice and the seqs continue where it stopped. Its
+-- commit is durable (synchronous_commit on whatever the session's), so a seq
+-- a reader has seen is never lost to a crash and handed out again.
 CREATE FUNCTION feed_sequence() RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    v_last bigint;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM change_new) THEN
         RETURN (SELECT last FROM feed_head);
@@ -352,26 +358,27 @@ BEGIN
     IF current_setting('synchronous_commit') = 'off' THEN
         PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
-    SELECT last INTO v_last FROM feed_head FOR UPDATE;
-    RETURN feed_number(v_last);
+    PERFORM pg_advisory_xact_lock(feed_lock_key());
+    RETURN feed_number();
 END $$;
 
--- The numbering itself, by the holder of feed_head's row lock (a statement
--- of its own: it sees every change committed before the lock was granted).
-CREATE FUNCTION feed_number(p_last bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+-- The numbering itself, by the holder of the sequencers' lock (statements of
+-- its own: they see every change committed before the lock was granted).
+CREATE FUNCTION feed_number() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    v_n bigint;
+    v_last bigint := (SELECT last FROM feed_head);
+    v_n    bigint;
 BEGIN
     WITH moved AS (DELETE FROM change_new RETURNING *)
     INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count)
-    SELECT p_last + row_number() OVER (ORDER BY ticket, ord), at, topic, op, kind, scope_id, key,
+    SELECT v_last + row_number() OVER (ORDER BY ticket, ord), at, topic, op, kind, scope_id, key,
            version, start, count
     FROM moved;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN
-        UPDATE feed_head SET last = p_last + v_n, at = now();
+        UPDATE feed_head SET last = v_last + v_n, at = now();
     END IF;
-    RETURN p_last + v_n;
+    RETURN v_last + v_n;
 END $$;
 
 -- Sent by the client right after a write's COMMIT, in a transaction of its
@@ -386,19 +393,17 @@ END $$;
 CREATE FUNCTION feed_notify() RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_mark     text := current_setting('agentstate.notify', true);
-    v_last     bigint;
     v_numbered boolean := false;
 BEGIN
     IF v_mark IS NULL OR v_mark = '' THEN
         RETURN;
     END IF;
     PERFORM set_config('agentstate.notify', '', false);
-    IF v_mark = 'tidy' AND EXISTS (SELECT 1 FROM change_new) THEN
+    IF v_mark = 'tidy' AND EXISTS (SELECT 1 FROM change_new)
+       AND EXISTS (SELECT 1 FROM feed_head WHERE at < now() - interval '1 second') THEN
         BEGIN
-            SELECT last INTO v_last FROM feed_head WHERE at < now() - interval '1 second'
-            FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                PERFORM feed_number(v_last);
+            IF pg_try_advisory_xact_lock(feed_lock_key()) THEN
+                PERFORM feed_number();
                 v_numbered := true;
             END IF;
         EXCEPTION WHEN OTHERS THEN

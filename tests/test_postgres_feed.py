@@ -127,7 +127,8 @@ def test_a_writer_sees_its_own_change_at_once(pg_url):
 
 def test_a_reader_with_nothing_to_number_takes_no_lock_and_writes_nothing(pg_url):
     """Polling an idle feed costs no transaction id (so no commit record and no flush) and
-    waits for no one, even while a sequencer holds the head's lock."""
+    waits for no one, even while a sequencer holds the sequencers' lock; a sequencer that
+    waited for another and finds nothing left to number writes nothing either."""
     with agentstate.open(pg_url, busy_timeout=0.2) as db:
         db.scope("app", "a").put("k", 1)
         head = db.last_change()
@@ -138,10 +139,27 @@ def test_a_reader_with_nothing_to_number_takes_no_lock_and_writes_nothing(pg_url
                 assert c.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None
                 c.execute("COMMIT")
             holder.execute("BEGIN")
-            holder.execute("SELECT last FROM feed_head FOR UPDATE")  # as a sequencer would
+            holder.execute("SELECT pg_advisory_xact_lock(feed_lock_key())")  # a sequencer's
             for _ in range(3):
                 assert db.changes(head) == [] and db.last_change() == head
             holder.execute("ROLLBACK")
+            db.scope("app", "a").put("k", 2)
+            holder.execute("BEGIN")
+            holder.execute("SELECT pg_advisory_xact_lock(feed_lock_key())")
+            c.execute("BEGIN")
+            c.execute("SET LOCAL lock_timeout = '10s'")
+            got: list = []
+            waiter = threading.Thread(
+                target=lambda: got.append(c.execute("SELECT feed_sequence()").fetchone()[0]))
+            waiter.start()  # sees a change to number: waits for holder's lock
+            time.sleep(0.3)
+            assert not got
+            assert holder.execute("SELECT feed_number()").fetchone()[0] == head + 1
+            holder.execute("COMMIT")
+            waiter.join(10)
+            assert got == [head + 1]  # numbered by the holder, and nothing left
+            assert c.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0] is None
+            c.execute("COMMIT")
 
 
 def _acked_writer(url: str, who: int, seconds: float, start, results) -> None:
