@@ -175,6 +175,32 @@ def test_settings_of_the_connection(pg_url):
         assert db._store.query("SELECT current_setting('synchronous_commit')") == [("on",)]
 
 
+def test_arguments_written_in_as_literals_come_back_exact(db):
+    """A lone write goes out as one simple query with its arguments written in as literals:
+    quotes, backslashes, placeholders and dollar quotes in values and items, every byte, odd
+    floats and the largest integers come back exactly."""
+    kv = db.scope("app", "lit")
+    tricky = ["it's", "back\\slash", "%s %(x)s %%", "$$ $q$ ;", "é中🙂", "\\x00ff", "'", "''",
+              "'); DROP TABLE kv; --"]
+    numbers = [2**63 - 1, -2**63, 1e-300, -0.0, 1e16, 0.1]
+    for i, text in enumerate(tricky):
+        assert kv.put(f"k{i}", {"v": text, "n": numbers}) == 1
+        got = kv.get(f"k{i}")
+        assert got == {"v": text, "n": numbers} and str(got["n"][3]) == "-0.0"
+        assert kv.put(f"k{i}", text, if_version=1) == 2 and kv.get(f"k{i}") == text
+        assert kv.append(f"l{i}", [text, {text: text}]).length == 2
+        assert kv.pop(f"l{i}") == [{text: text}] and kv.get(f"l{i}") == [text]
+    every = bytes(range(256))
+    kv.put_bytes("bytes", every)
+    assert kv.get_bytes("bytes") == every
+    assert kv.put("ttl", 1, ttl=3600.000001) == 1 and kv.expires_at("ttl") is not None
+    db.runs.write("r1", [{"seq": 0, "t": tricky}], {"s": "'"}, create=True)
+    db.runs.write("r1", [{"seq": 0, "t": tricky}, {"seq": 1, "t": "'"}], None)  # one re-sent
+    run = db.runs.read("r1")
+    assert [e["t"] for e in run.entries] == [tricky, "'"] and run.snapshot == {"s": "'"}
+    assert db.check() == []
+
+
 def test_a_call_is_one_round_trip(db, monkeypatch):
     """A get, put, CAS, append, pop, run write and tail each send one statement: the work
     (the bounded purge every 16th write included) is done by server functions."""

@@ -39,8 +39,8 @@ INVARIANTS: list[tuple[str, str]] = [
         FROM kv WHERE list_id IS NOT NULL HAVING max(list_id) > (SELECT last_value FROM list_seq)"""),
     ("values are of the recorded size", """
         SELECT 'kv ' || kind || ':' || scope_id || ' ' || key,
-               'size ' || size || ' but the value has ' || octet_length(coalesce(value::text::bytea, data))
-        FROM kv WHERE type <> 'list' AND octet_length(coalesce(value::text::bytea, data)) <> size"""),
+               'size ' || size || ' but the value has ' || coalesce(octet_length(value::text), octet_length(data))
+        FROM kv WHERE type <> 'list' AND coalesce(octet_length(value::text), octet_length(data)) <> size"""),
     ("versions never go back", """
         SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
                'version ' || k.version || ' is not above the deleted version ' || d.version
