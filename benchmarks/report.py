@@ -403,8 +403,9 @@ def markdown(results: list[dict], meta: dict[str, Any]) -> str:
                       "final − exceptions.",
         "append": f"Per-append speed on a list already holding N = {', '.join(map(str, z.append_lengths))} "
                   f"~300-byte messages ({z.append_ops} appends timed at each N; the list is built untimed, "
-                  "then the store is closed and reopened so that no system starts with that big "
-                  "transaction still in its WAL).",
+                  "then the store is closed, its files checkpointed and synced (`settle`), and reopened, "
+                  "so that no system starts with that big transaction still in its WAL or in the "
+                  "filesystem's journal).",
         "history": f"{z.history_ops} writes (1 entry ~200 B + a ~2 KB snapshot) on runs starting at "
                    f"N = {', '.join(f'{n:,}' for n in z.history_lengths)} entries (each round adds "
                    f"{z.history_ops}); then the last {z.tail_n} entries, read repeatedly "
