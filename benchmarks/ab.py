@@ -12,7 +12,8 @@ any file in use), and their timed batches alternate, so both meet the same
 machine weather: on a shared 2-core machine that is what makes a difference of
 a microsecond or two measurable at all. Operations: put (a small JSON object,
 100 keys overwritten in turn), update (one counter), append (one item to one
-of 10 lists), history write (an entry and a snapshot on one run); then the
+of 10 lists), history write (an entry and a snapshot on one run), get (one
+of the 100 keys); then the
 same four with SQLite stubbed out (``_Stub``: every statement returns at
 once), which leaves agentstate's Python alone. Figures: CPU microseconds per
 call, the least over the rounds' batches (the batch other work disturbed
@@ -37,7 +38,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-OPS = ("put", "update", "append", "history")
+OPS = ("put", "update", "append", "history", "get")
 MINE = ("_kv.py", "_scope.py", "_encoding.py", "_connection.py", "_feed.py", "_thread.py")
 VALUE = {"role": "user", "content": "hello world " * 5, "n": 1}
 
@@ -116,6 +117,8 @@ def operations(pkg: Any, root: str) -> dict[str, Callable[[int], Any]]:
         "update": lambda i: kv.update("n", _inc, default=0),
         "append": lambda i: kv.append(f"l{i % 10}", [VALUE]),
         "history": history,
+        "get": lambda i: kv.get(f"k{i % 100}"),
+        "python get": lambda i: skv.get("k"),
         "python put": lambda i: skv.put("k", VALUE),
         "python update": lambda i: skv.update("n", _inc, default=0),
         "python append": lambda i: skv.append("l", [VALUE]),
@@ -136,7 +139,10 @@ def raw_operations(root: str) -> dict[str, Callable[[int], Any]]:
         raw.run_write("h", {"seq": seq[0], "m": VALUE}, {"last": seq[0]})
         seq[0] += 1
 
+    for i in range(100):
+        raw.put(f"k{i}", VALUE)
     return {"put": lambda i: raw.put(f"k{i % 100}", VALUE), "update": lambda i: raw.incr("n"),
+            "get": lambda i: raw.get(f"k{i % 100}"),
             "append": lambda i: raw.append(f"l{i % 10}", VALUE), "history": history}
 
 
