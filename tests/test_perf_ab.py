@@ -1,0 +1,22 @@
+"""Smoke run of ``python -m benchmarks.ab`` (the in-process A/B of two versions behind PYTHON-COST.md)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                    reason="needs git and the repository's history")
+def test_ab_compares_two_versions_in_one_process():
+    p = subprocess.run([sys.executable, "-m", "benchmarks.ab", "HEAD", "--rounds", "2", "--calls", "5",
+                        "--ops", "put,get"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for line in ("| put |", "| put, Python only (SQLite stubbed) |", "| get |"):
+        assert line in p.stdout
