@@ -181,8 +181,9 @@ CREATE TABLE change (
 -- The newest seq handed out: never handed out again, even once purged.
 -- Written only by the sequencers (feed_number), never by a writer.
 CREATE TABLE feed_head (
-    last bigint NOT NULL CHECK (last >= 0),
-    at   timestamptz NOT NULL DEFAULT '-infinity'  -- when feed_sequence last numbered something
+    last  bigint NOT NULL CHECK (last >= 0),
+    at    timestamptz NOT NULL DEFAULT '-infinity',  -- when feed_number last numbered something
+    fence xid8 NOT NULL DEFAULT '0'  -- every change of a transaction below it is numbered (or void)
 );
 CREATE UNIQUE INDEX feed_head_one ON feed_head ((true));
 INSERT INTO feed_head (last) VALUES (0);
@@ -194,9 +195,12 @@ INSERT INTO feed_head (last) VALUES (0);
 -- ord) order: if a transaction B saw the commit of A (it waited for A's row
 -- lock, or read what A wrote), A took its ticket before its commit and B
 -- after it, so A's changes come first; a transaction's changes get
--- consecutive seqs. No index: readers look at it before every read, and it
--- holds only what came since the last of them.
+-- consecutive seqs. xid: the writer's transaction. Readers look here before
+-- every read (index scan from feed_head.fence), so what they scan is what
+-- came since the last numbering, not the dead rows of earlier ones (which
+-- only VACUUM removes).
 CREATE TABLE change_new (
+    xid      xid8    NOT NULL,
     ticket   bigint  NOT NULL,
     ord      integer NOT NULL,
     at       timestamptz NOT NULL,
@@ -209,6 +213,7 @@ CREATE TABLE change_new (
     start    bigint,
     count    bigint
 );
+CREATE INDEX change_new_xid ON change_new (xid);
 CREATE SEQUENCE change_ticket;
 
 -- Changes of a transaction() block, held until it commits (unlogged: they
@@ -287,8 +292,8 @@ BEGIN
         RETURN;
     END IF;
     v_ticket := nextval('change_ticket');
-    INSERT INTO change_new (ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
-    SELECT v_ticket, u.ord, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key, u.version,
+    INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
+    SELECT pg_current_xact_id(), v_ticket, u.ord, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key, u.version,
            u.start, u.count
     FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord);
     PERFORM set_config('agentstate.notify', CASE WHEN p_tidy THEN 'tidy' ELSE 'on' END, false);
@@ -352,7 +357,7 @@ $$;
 -- a reader has seen is never lost to a crash and handed out again.
 CREATE FUNCTION feed_sequence() RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM change_new) THEN
+    IF NOT feed_pending() THEN
         RETURN (SELECT last FROM feed_head);
     END IF;
     IF current_setting('synchronous_commit') = 'off' THEN
@@ -362,21 +367,35 @@ BEGIN
     RETURN feed_number();
 END $$;
 
+-- Whether change_new may hold a committed change to number: an index scan
+-- from the fence (the first xid at or above it), so it reads only what came
+-- since the last numbering, not the dead rows VACUUM has yet to remove.
+CREATE FUNCTION feed_pending() RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT (SELECT xid FROM change_new WHERE xid >= (SELECT fence FROM feed_head) ORDER BY xid LIMIT 1)
+           IS NOT NULL
+$$;
+
 -- The numbering itself, by the holder of the sequencers' lock (statements of
--- its own: they see every change committed before the lock was granted).
+-- its own: they see every change committed before the lock was granted). The
+-- new fence is the oldest transaction still running when it starts (taken
+-- before the DELETE's snapshot): any transaction below it had ended by then,
+-- so its changes, if it committed, are numbered now.
 CREATE FUNCTION feed_number() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    v_last bigint := (SELECT last FROM feed_head);
-    v_n    bigint;
+    v_fence xid8 := pg_snapshot_xmin(pg_current_snapshot());
+    v_old   xid8;
+    v_last  bigint;
+    v_n     bigint;
 BEGIN
-    WITH moved AS (DELETE FROM change_new RETURNING *)
+    SELECT last, fence INTO v_last, v_old FROM feed_head;
+    WITH moved AS (DELETE FROM change_new WHERE xid >= v_old RETURNING *)
     INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count)
     SELECT v_last + row_number() OVER (ORDER BY ticket, ord), at, topic, op, kind, scope_id, key,
            version, start, count
     FROM moved;
     GET DIAGNOSTICS v_n = ROW_COUNT;
-    IF v_n > 0 THEN
-        UPDATE feed_head SET last = v_last + v_n, at = now();
+    IF v_n > 0 THEN  -- else nothing is written (the fence waits for the next numbering)
+        UPDATE feed_head SET last = v_last + v_n, at = now(), fence = greatest(fence, v_fence);
     END IF;
     RETURN v_last + v_n;
 END $$;
@@ -399,7 +418,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('agentstate.notify', '', false);
-    IF v_mark = 'tidy' AND EXISTS (SELECT 1 FROM change_new)
+    IF v_mark = 'tidy' AND feed_pending()
        AND EXISTS (SELECT 1 FROM feed_head WHERE at < now() - interval '1 second') THEN
         BEGIN
             IF pg_try_advisory_xact_lock(feed_lock_key()) THEN

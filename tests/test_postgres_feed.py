@@ -336,3 +336,24 @@ def test_a_feed_nobody_reads_is_still_numbered_and_purged(pg_url):
         assert unnumbered < i / 2, (unnumbered, i)
         assert low > 1 and numbered < i  # the oldest were purged
         assert db.check() == []
+
+
+def test_a_reader_s_look_for_new_changes_costs_the_same_after_many(pg_url):
+    """The numbered changes leave dead rows in change_new until VACUUM; a reader's look for
+    new ones starts at the fence (an index scan), so it touches as many buffers after 5,000
+    numbered changes as on a new store."""
+    from .test_postgres import _buffers
+
+    with agentstate.open(pg_url, durability="normal") as db:
+        db.scope("app", "f").put("k", 0)
+        db.last_change()
+        before = _buffers(pg_url, "SELECT feed_pending()", ())
+        for i in range(5000):
+            db.scope("app", "f").put(f"k{i % 20}", i)
+            if i % 100 == 99:
+                db.last_change()
+        after = _buffers(pg_url, "SELECT feed_pending()", ())
+        with _raw(pg_url) as c:
+            pages = c.execute("SELECT pg_relation_size('change_new') / 8192").fetchone()[0]
+        assert after <= before + 2, (before, after, pages)
+        assert db.check() == []

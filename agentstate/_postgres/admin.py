@@ -76,7 +76,11 @@ INVARIANTS: list[tuple[str, str]] = [
         FROM change_pending HAVING count(*) > 0
         UNION ALL
         SELECT 'change_new ticket ' || ticket, 'topic ' || topic || ' op ' || op || ' is no change'
-        FROM change_new WHERE topic NOT IN ('kv', 'run', 'session') OR ord < 1"""),
+        FROM change_new WHERE topic NOT IN ('kv', 'run', 'session') OR ord < 1
+        UNION ALL
+        SELECT 'change_new ticket ' || ticket, 'a committed change of transaction ' || xid
+               || ', below the fence ' || (SELECT fence FROM feed_head) || ', was never numbered'
+        FROM change_new WHERE xid < (SELECT fence FROM feed_head)"""),
     ("no kv change is newer than its key", """
         SELECT 'change seq ' || ch.seq, 'version ' || ch.version || ' of ' || ch.kind || ':'
                || ch.scope_id || ' ' || ch.key || ' but the key has reached only '
