@@ -128,10 +128,10 @@ CREATE TABLE turn (
 -- per session. start_turn expires lapsed leases first, in the same transaction.
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
 
--- sessions.turns_by_status(): the turns that block or may still act, newest
--- change first; finished ones (the bulk) stay out of the index.
-CREATE INDEX turn_by_status ON turn (status, updated_at)
-WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming');
+-- sessions.turns_by_status(): the turns that block, may still act or lost their
+-- lease, newest first; finished and failed ones (the bulk) stay out of the index.
+CREATE INDEX turn_by_status ON turn (status, created_at)
+WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming', 'expired');
 
 -- The change feed (SPEC §9): one row per committed change, written in the
 -- same transaction as the change. Writers take turns (one write lock), so

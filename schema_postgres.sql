@@ -148,10 +148,10 @@ CREATE TABLE turn (
 -- One turn at a time, across machines: at most one queued or running turn per session.
 CREATE UNIQUE INDEX turn_one_active ON turn (session_id) WHERE status IN ('queued', 'running');
 
--- sessions.turns_by_status(): the turns that block or may still act, newest
--- change first; finished ones (the bulk) stay out of the index.
-CREATE INDEX turn_by_status ON turn (status, updated_at)
-WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming');
+-- sessions.turns_by_status(): the turns that block, may still act or lost their
+-- lease, newest first; finished and failed ones (the bulk) stay out of the index.
+CREATE INDEX turn_by_status ON turn (status, created_at)
+WHERE status IN ('queued', 'running', 'held', 'decided', 'resuming', 'expired');
 
 -- The change feed (SPEC §9): one row per committed change, in commit order,
 -- numbered. A write does not number its changes (that would make every writer

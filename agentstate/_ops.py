@@ -231,10 +231,10 @@ class LocalOps:
             self.sessions.session_row(c, session_id, name, admin)
             return self.sessions.turns(c, session_id, after, limit)
 
-    def turn_find(self, name: str, admin: bool, statuses: tuple[str, ...], expired: bool,
+    def turn_find(self, name: str, admin: bool, live: tuple[str, ...], expired: bool,
                   after: str | None, limit: int | None) -> list[Row]:
         with self.store.snapshot() as c:
-            return self.sessions.turns_by_status(c, name, admin, statuses, expired, self.clock(),
+            return self.sessions.turns_by_status(c, name, admin, live, expired, self.clock(),
                                                  after, limit)
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],

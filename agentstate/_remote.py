@@ -330,9 +330,9 @@ class RemoteOps:
         return [_turn_row(d) for d in self._page(f"/v1/sessions/{_q(session_id)}/turns", "turns",
                                                  after, limit, who=name)]
 
-    def turn_find(self, name: str, admin: bool, statuses: tuple[str, ...], expired: bool,
+    def turn_find(self, name: str, admin: bool, live: tuple[str, ...], expired: bool,
                   after: str | None, limit: int | None) -> list[Row]:
-        wanted = ("expired",) if expired else statuses
+        wanted = (*live, "expired") if expired else live
         return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit, who=name,
                                                  status=",".join(wanted))]
 

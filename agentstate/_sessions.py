@@ -46,8 +46,8 @@ class SessionInfo:
     metadata: dict[str, Any]
 
 
-OPEN = ("queued", "running", "held", "decided", "resuming")
-FINDABLE = (*OPEN, "expired")
+LIVE = ("queued", "running", "held", "decided", "resuming")
+FINDABLE = (*LIVE, "expired")
 
 
 def _iterable(v: Any) -> bool:
@@ -258,15 +258,17 @@ class Sessions:
         _limit(limit)
         return [Turn(self, p, r) for r in self._ops.turn_list(session_id, p.name, p.admin, after, limit)]
 
-    def turns_by_status(self, principal: Principal, status: str | Iterable[str], *,
+    def turns_by_status(self, principal: Principal, status: str | Iterable[str] = FINDABLE, *,
                         after: str | None = None, limit: int | None = None) -> list[Turn]:
-        """Turns that block or may still act, across the principal's sessions (an admin's:
-        all), most recently changed first: ``status`` is one of ``queued``, ``running``,
-        ``held``, ``decided``, ``resuming`` (a lease that holds) or ``expired`` (a queued,
-        running or resuming turn whose lease lapsed), or several of them. Finished, failed
-        and settled turns are listed per session (``turns``).
+        """Turns that block, may still act or lost their lease, across the principal's
+        sessions (an admin's: all), newest first: ``status`` is one or several of
+        ``queued``, ``running``, ``held``, ``decided``, ``resuming`` (with a lease that
+        holds) and ``expired`` (a lease that lapsed, or a turn marked expired); all of
+        them by default. Finished and failed turns are listed per session (``turns``).
 
-        Paged as ``turns``. :raises InvalidValue: an unknown or unlisted status.
+        Paged as ``turns``: a turn keeps its place (the order is by creation), though
+        one that changes status meanwhile may leave or join the list.
+        :raises InvalidValue: an unknown or unlisted status.
         """
         p = _principal(principal)
         wanted = (status,) if isinstance(status, str) else tuple(status) if _iterable(status) else None
@@ -275,15 +277,8 @@ class Sessions:
         if after is not None and (type(after) is not str or not is_key(after)):
             raise NotFound(f"no turn {after!r} to list after")
         _limit(limit)
-        rows: list[tuple[Any, ...]] = []
-        live = tuple(s for s in OPEN if s in wanted)
-        if live:
-            rows += self._ops.turn_find(p.name, p.admin, live, False, after, limit)
-        if "expired" in wanted:
-            rows += self._ops.turn_find(p.name, p.admin, LEASED, True, after, limit)
-            if live:  # two lists, one order: newest change first (ties: by id, descending)
-                rows.sort(key=lambda r: (r[11], r[0]), reverse=True)
-                rows = rows if limit is None else rows[:limit]
+        live = tuple(s for s in LIVE if s in wanted)
+        rows = self._ops.turn_find(p.name, p.admin, live, "expired" in wanted, after, limit)
         return [Turn(self, p, r) for r in rows]
 
     def decide(self, turn_id: str, principal: Principal, decision: Any) -> Turn:

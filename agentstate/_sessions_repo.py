@@ -17,7 +17,7 @@ from ._connection import now_iso
 from ._turnstate import LEASED, effective_status
 from .errors import InvalidTransition, NotFound, SessionBusy
 
-OPEN = ('queued', 'running', 'held', 'decided', 'resuming')  # the states turn_by_status indexes
+OPEN = ('queued', 'running', 'held', 'decided', 'resuming', 'expired')  # what turn_by_status indexes
 TURN_COLUMNS = ("id, session_id, n, status, input, request, decision, result, error, "
                 "lease_until, created_at, updated_at, lease")
 
@@ -135,32 +135,40 @@ def turns(c: apsw.Connection, session_id: str, after: str | None,
     ).fetchall()
 
 
-def turns_by_status(c: apsw.Connection, name: str, admin: bool, statuses: tuple[str, ...],
+def turns_by_status(c: apsw.Connection, name: str, admin: bool, live: tuple[str, ...],
                     expired: bool, now: float, after: str | None,
                     limit: int | None) -> list[tuple[Any, ...]]:
-    """Turns in ``statuses`` whose lease holds (or, ``expired``: leased ones whose lease
-    lapsed), of the principal's sessions (an admin's: all), newest change first; after
-    the turn ``after`` (NotFound if it is not the principal's)."""
+    """Turns in the ``live`` statuses whose lease holds, and (``expired``) those whose
+    lease lapsed or that were marked expired, of the principal's sessions (an admin's:
+    all), newest turn first: one query, one clock reading. After the turn ``after``
+    (NotFound, as for an unknown id, if it is not the principal's)."""
     lapsed = f"(t.status IN {LEASED} AND t.lease_until IS NOT NULL AND t.lease_until < :now)"
-    # statuses are checked names; the index's own term, verbatim, lets SQLite use it
-    status = f"t.status IN {OPEN} AND t.status IN ({', '.join(repr(s) for s in statuses)})"
-    where = [f"{status} AND {lapsed}" if expired else f"{status} AND NOT {lapsed}"]
+    wanted = []  # statuses are checked names (never the caller's text)
+    if live:
+        wanted.append(f"(t.status IN ({', '.join(repr(s) for s in live)}) AND NOT {lapsed})")
+    if expired:
+        wanted.append(f"(t.status = 'expired' OR {lapsed})")
+    # the index's own term, verbatim, lets SQLite use it
+    where = [f"t.status IN {OPEN}", "(" + " OR ".join(wanted) + ")"]
     if not admin:
         where.append("s.owner = :name")
+    at = None
     if after is not None:
         row = turn_row(c, after)
-        if row is None:
-            raise NotFound(f"no turn {after!r} to list after")
-        session_row(c, row[1], name, admin)
-        where.append("(t.updated_at, t.id) < (:at, :after)")
-    params = {"now": now, "name": name, "after": after,
-              "at": None if after is None else row[11], "limit": -1 if limit is None else limit}
+        try:
+            if row is None:
+                raise NotFound(after)
+            session_row(c, row[1], name, admin)
+        except NotFound:
+            raise NotFound(f"no turn {after!r} to list after") from None
+        at = row[10]
+        where.append("(t.created_at, t.id) < (:at, :after)")
     return c.execute(
         f"""SELECT {', '.join('t.' + col.strip() for col in TURN_COLUMNS.split(','))}
             FROM turn t JOIN session s ON s.id = t.session_id
             WHERE {' AND '.join(where)}
-            ORDER BY t.updated_at DESC, t.id DESC LIMIT :limit""",
-        params,
+            ORDER BY t.created_at DESC, t.id DESC LIMIT :limit""",
+        {"now": now, "name": name, "after": after, "at": at, "limit": -1 if limit is None else limit},
     ).fetchall()
 
 

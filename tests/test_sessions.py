@@ -113,14 +113,36 @@ def test_turns_by_status_across_sessions(db):
     assert [t.status for t in find(BOB, "expired")] == ["expired"]
     both = find(ADMIN, ["held", "expired"])
     assert {t.id for t in both} == set(held + lapsed)
-    assert [t.updated_at for t in both] == sorted((t.updated_at for t in both), reverse=True)
+    assert [t.created_at for t in both] == sorted((t.created_at for t in both), reverse=True)
+    assert {t.id for t in find(ADMIN)} == set(running + held + [decided] + lapsed)  # all open ones
     assert sum(pages(lambda **kw: find(ADMIN, ["held", "expired"], **kw), 2), []) == [t.id for t in both]
     assert sum(pages(lambda **kw: find(ADMIN, "held", **kw), 3), []) == [t.id for t in find(ADMIN, "held")]
     for bad in ("finished", "failed", "", "HELD", ["held", "nope"], [], 3, None):
         with pytest.raises(agentstate.InvalidValue):
             find(ADMIN, bad)
-    with pytest.raises(NotFound):  # bob's turn is no place for alice to continue from
+    with pytest.raises(NotFound) as theirs:  # bob's turn is no place for alice to continue from
         find(ALICE, "held", after=held[-1])
+    with pytest.raises(NotFound) as unknown:
+        find(ALICE, "held", after="t-nope")
+    assert str(theirs.value) == str(unknown.value).replace("t-nope", held[-1])  # says no more
+
+
+def test_turns_by_status_pages_keep_their_place_and_list_settled_expired_turns(db):
+    s = [db.sessions.create(ALICE).id for _ in range(6)]
+    turns = [db.sessions.start_turn(sid, ALICE, lease=600) for sid in s]
+    first = db.sessions.turns_by_status(ALICE, "running", limit=3)
+    for t in turns:  # every turn heartbeats between the pages (its updated_at moves)
+        t.heartbeat()
+    rest = db.sessions.turns_by_status(ALICE, "running", after=first[-1].id)
+    assert [t.id for t in first + rest] == [t.id for t in reversed(turns)]
+    lost = db.sessions.start_turn(db.sessions.create(ALICE).id, ALICE, lease=0.05)
+    time.sleep(0.2)
+    assert [t.id for t in db.sessions.turns_by_status(ALICE, "expired")] == [lost.id]
+    db.sessions.start_turn(lost.session_id, ALICE)  # marks the lapsed turn expired in storage
+    assert db.sessions.get_turn(lost.id, ALICE).status == "expired"
+    assert [t.id for t in db.sessions.turns_by_status(ALICE, "expired")] == [lost.id]
+    both = db.sessions.turns_by_status(ALICE, ["running", "expired"])
+    assert len({t.id for t in both}) == len(both) == 8
 
 
 def test_principal_names_follow_key_rules():

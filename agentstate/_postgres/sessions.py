@@ -93,28 +93,36 @@ def turns(c: Conn, session_id: str, after: str | None, limit: int | None) -> lis
         {"sid": session_id, "after": after, "limit": limit}).fetchall()
 
 
-def turns_by_status(c: Conn, name: str, admin: bool, statuses: tuple[str, ...], expired: bool,
+def turns_by_status(c: Conn, name: str, admin: bool, live: tuple[str, ...], expired: bool,
                     now: float, after: str | None, limit: int | None) -> list[Row]:
-    """As ``_sessions_repo.turns_by_status``: open turns by status, newest change first."""
+    """As ``_sessions_repo.turns_by_status``: open turns by status, newest turn first."""
     lapsed = ("(t.status IN ('queued', 'running', 'resuming') AND t.lease_until IS NOT NULL "
               "AND t.lease_until < to_timestamp(%(now)s))")
+    wanted = []
+    if live:
+        wanted.append(f"(t.status = ANY(%(live)s) AND NOT {lapsed})")
+    if expired:
+        wanted.append(f"(t.status = 'expired' OR {lapsed})")
     # the index's own predicate, verbatim, lets the planner use turn_by_status
-    where = ["t.status IN ('queued', 'running', 'held', 'decided', 'resuming')",
-             f"t.status = ANY(%(statuses)s) AND {'' if expired else 'NOT '}{lapsed}"]
+    where = ["t.status IN ('queued', 'running', 'held', 'decided', 'resuming', 'expired')",
+             "(" + " OR ".join(wanted) + ")"]
     if not admin:
         where.append("s.owner = %(name)s")
     at = None
     if after is not None:
-        row = c.execute("SELECT session_id, updated_at FROM turn WHERE id = %s", (after,)).fetchone()
-        if row is None:
-            raise NotFound(f"no turn {after!r} to list after")
-        session_row(c, row[0], name, admin)
+        row = c.execute("SELECT session_id, created_at FROM turn WHERE id = %s", (after,)).fetchone()
+        try:
+            if row is None:
+                raise NotFound(after)
+            session_row(c, row[0], name, admin)
+        except NotFound:
+            raise NotFound(f"no turn {after!r} to list after") from None
         at = row[1]
-        where.append("(t.updated_at, t.id) < (%(at)s, %(after)s)")
+        where.append("(t.created_at, t.id) < (%(at)s, %(after)s)")
     return c.execute(
         f"""SELECT {TURN_COLUMNS} FROM turn t JOIN session s ON s.id = t.session_id
-            WHERE {' AND '.join(where)} ORDER BY t.updated_at DESC, t.id DESC LIMIT %(limit)s""",
-        {"statuses": list(statuses), "now": now, "name": name, "after": after, "at": at,
+            WHERE {' AND '.join(where)} ORDER BY t.created_at DESC, t.id DESC LIMIT %(limit)s""",
+        {"live": list(live), "now": now, "name": name, "after": after, "at": at,
          "limit": limit}).fetchall()
 
 

@@ -350,7 +350,8 @@ class API:
     async def turns_by_status(self, request: Request) -> Response:
         p = await self.principal(request)
         after, limit = _page(request)
-        status = request.query_params.get("status", "").split(",")
+        given = ",".join(request.query_params.getlist("status"))  # ?status=a,b or ?status=a&status=b
+        status = given.split(",") if given else agentstate._sessions.FINDABLE
         turns = await h.blocking(self.db.sessions.turns_by_status, p, status, after=after, limit=limit)
         return h.JSON({"turns": [_turn(t) for t in turns], "next": _next(turns, limit)})
 

@@ -90,7 +90,7 @@ QUERY: dict[str, dict[str, Any]] = {
     "prefix": {"type": "string"},
     "after": {"type": "string"},
     "status": {"type": "string", "description": "one or several (comma-separated) of queued, "
-               "running, held, decided, resuming, expired"},
+               "running, held, decided, resuming, expired; absent: all of them"},
     "topic": {"type": "string", "enum": ["kv", "run", "session"]},
     "kind": KIND,
     "scope_id": KEY,
