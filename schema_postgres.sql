@@ -16,7 +16,8 @@
 -- (SELECT ... FOR UPDATE, ON CONFLICT), never tables, and no row or lock is
 -- shared by all writers: writers of different keys, runs and sessions commit
 -- side by side. (The change feed's order is settled by its readers: see
--- feed_sequence.)
+-- feed_sequence. What writers do share is held for a moment, never through
+-- a COMMIT: a sequence's next value, and the NOTIFY sent after the COMMIT.)
 --
 -- Refusals raise SQLSTATE P0001 with HINT 'agentstate:<error class>' (VersionConflict,
 -- HistoryGap, ...) and, where the error carries a fact (a version, a turn id, a
