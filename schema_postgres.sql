@@ -355,17 +355,25 @@ $$;
 -- the previous sequencer's commit (READ COMMITTED: a new snapshot each), so
 -- no change is numbered twice and the seqs continue where it stopped. Its
 -- commit is durable (synchronous_commit on whatever the session's), so a seq
--- a reader has seen is never lost to a crash and handed out again.
+-- a reader has seen is never lost to a crash and handed out again. A client
+-- that may not write (a read-only transaction or role, a standby) numbers
+-- nothing and reads what the others numbered (writers number a feed nobody
+-- numbers about once a second: feed_notify).
 CREATE FUNCTION feed_sequence() RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT feed_pending() THEN
+    IF NOT feed_pending()
+       OR current_setting('transaction_read_only') = 'on' THEN  -- a read-only client (or a standby)
+        RETURN (SELECT last FROM feed_head);  -- reads what others numbered
+    END IF;
+    BEGIN
+        IF current_setting('synchronous_commit') = 'off' THEN
+            PERFORM set_config('synchronous_commit', 'on', true);
+        END IF;
+        PERFORM pg_advisory_xact_lock(feed_lock_key());
+        RETURN feed_number();
+    EXCEPTION WHEN insufficient_privilege THEN  -- a role that may only read: as above
         RETURN (SELECT last FROM feed_head);
-    END IF;
-    IF current_setting('synchronous_commit') = 'off' THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-    END IF;
-    PERFORM pg_advisory_xact_lock(feed_lock_key());
-    RETURN feed_number();
+    END;
 END $$;
 
 -- Whether change_new may hold a committed change to number: an index scan

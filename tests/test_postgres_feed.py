@@ -357,3 +357,34 @@ def test_a_reader_s_look_for_new_changes_costs_the_same_after_many(pg_url):
             pages = c.execute("SELECT pg_relation_size('change_new') / 8192").fetchone()[0]
         assert after <= before + 2, (before, after, pages)
         assert db.check() == []
+
+
+def test_a_client_that_may_not_write_reads_what_others_numbered(pg_url, pg_admin_url):
+    """A read-only client (default_transaction_read_only, or a role with SELECT only) numbers
+    nothing and is not refused: it reads the changes the others numbered."""
+    import uuid
+
+    ro_url = pg_url + "%20-cdefault_transaction_read_only%3Don"
+    role = "r_" + uuid.uuid4().hex[:12]
+    schema = pg_url.rsplit("%3D", 1)[1]
+    with agentstate.open(pg_url) as db, _raw(pg_admin_url) as admin:
+        db.scope("app", "r").put("k", 1)
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        admin.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role}")
+        role_url = pg_url.replace("postgres@", f"{role}@", 1)
+        try:
+            with agentstate.open(ro_url) as ro, agentstate.open(role_url) as reader:
+                for r in (ro, reader):
+                    assert r.changes(0) == [] and r.last_change() == 0  # not numbered yet
+                assert db.last_change() == 1  # numbered by a client that may write
+                for r in (ro, reader):
+                    assert [c.key for c in r.changes(0)] == ["k"] and r.last_change() == 1
+                db.scope("app", "r").put("k", 2)
+                assert reader.watch(1, timeout=0.5) == []  # nobody numbers it...
+                assert db.changes(1)[0].version == 2
+                assert [c.version for c in reader.watch(1, timeout=5)] == [2]  # ...until one does
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
