@@ -62,7 +62,7 @@ def write(
             [(run_id, seq, text) for seq, text in new],
         )
     _feed.record(c, "run", "create" if create else "write", None, run_id, None, None,
-                 next_seq, len(new))
+                 next_seq, len(new), at=now)
     return end
 
 
