@@ -84,7 +84,7 @@ QUERY: dict[str, dict[str, Any]] = {
     "start": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
     "stop": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
     "since": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-    "limit": {"type": "integer", "minimum": 1, "maximum": 10_000},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
     "wait": {"type": "number", "minimum": 0, "maximum": 5},  # the server takes up to 300 s
     "n": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
     "prefix": {"type": "string"},
