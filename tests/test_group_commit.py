@@ -253,6 +253,10 @@ def test_benchmark_smoke(tmp_path):
     text = bench.table(res, 3)
     assert "| 3 threads | full | agentstate, group commit |" in text
     assert "| 3 processes | full | raw apsw, one transaction per write |" in text
+    cost = bench.cost_table(res, 3)  # CPU and context switches a write, from getrusage
+    row = next(line for line in cost.splitlines() if line.startswith("| 3 threads | agentstate, group commit |"))
+    user, kernel, switches = (float(x) for x in row.strip("|").split("|")[4:7])
+    assert user > 0 and kernel >= 0 and switches >= 0
 
 
 def test_percall_benchmark_smoke():
