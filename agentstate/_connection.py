@@ -21,6 +21,7 @@ caller returns only after the COMMIT that covers its write.
 from __future__ import annotations
 
 import contextvars
+import errno
 import os
 import re
 import threading
@@ -42,6 +43,8 @@ from .errors import (AgentStateError, Busy, Closed, Damaged, InvalidValue, Schem
 APPLICATION_ID = 1634952052  # 'agst'
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 HOUSEKEEP_EVERY = 8  # write transactions per purge step: a few rows each, so none pays much
+PREFETCH = 128 * 1024  # bytes at the start of a file asked of the OS at open (see _create_file)
+_fadvise = getattr(os, "posix_fadvise", None)  # not on macOS or Windows
 
 # Connections that were in use when this process was fork()ed: SQLite state
 # copied mid-call, so they are neither used nor closed here (kept alive, so
@@ -192,21 +195,28 @@ class Store:
     # -- opening -------------------------------------------------------------
 
     def _create_file(self) -> None:
-        folder = os.path.dirname(self.path)
         try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            if os.path.isdir(self.path):
-                raise StorageError(f"{self.path} is a directory, not a database file")
-            # Owner-only from the first byte; SQLite gives -wal and -shm the
-            # same mode as the database file.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                # Owner-only from the first byte; SQLite gives -wal and -shm the
+                # same mode as the database file.
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except FileNotFoundError:  # its folder is missing: made, then again
+                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:
-            if isinstance(e, AgentStateError):
-                raise
+            if e.errno == errno.EISDIR or os.path.isdir(self.path):
+                raise StorageError(f"{self.path} is a directory, not a database file") from None
             raise StorageError(f"cannot open {self.path}: {e.strerror or e}") from None
         try:
             if os.fstat(fd).st_size == 0:
                 os.fchmod(fd, 0o600)  # whatever the umask
+            elif _fadvise is not None:
+                # Opening reads the header, the schema's pages and the tables'
+                # root pages: in a file made from schema.sql all of them lie in
+                # its first PREFETCH bytes. Asked for at once, they come in one
+                # read instead of one read each when the file is not in the OS
+                # page cache (a cold open; benchmarks/PYTHON-COST.md).
+                _fadvise(fd, 0, PREFETCH, os.POSIX_FADV_WILLNEED)
         finally:
             os.close(fd)
 

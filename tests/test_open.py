@@ -122,8 +122,33 @@ def test_foreign_files_are_refused(tmp_path):
     junk.write_bytes(b"this is not a database at all" * 100)
     with pytest.raises(agentstate.Damaged):
         agentstate.open(str(junk))
-    with pytest.raises(agentstate.StorageError):
+    with pytest.raises(agentstate.StorageError, match="is a directory"):
         agentstate.open(str(tmp_path))
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_opening_a_file_asks_the_os_for_its_first_pages(db_path, monkeypatch):
+    """An existing file's first PREFETCH bytes (header, schema, root pages) are asked
+    for in one read-ahead before SQLite reads them one page at a time; a new file is not."""
+    asked = []
+    monkeypatch.setattr(_connection, "_fadvise", lambda fd, off, n, advice: asked.append((off, n, advice)))
+    agentstate.open(db_path).close()
+    assert asked == []  # the file was empty
+    with agentstate.open(db_path) as db:
+        assert db.scope("app", "a").get("k") is None
+    assert asked == [(0, _connection.PREFETCH, os.POSIX_FADV_WILLNEED)]
+
+
+def test_schema_and_root_pages_lie_within_the_prefetch(db_path):
+    """What opening and a first read need before any data page, the schema's pages and
+    every table's and index's root page, lies in the bytes asked for at open."""
+    agentstate.open(db_path).close()
+    c = apsw.Connection(db_path)
+    page_size = c.pragma("page_size")
+    last = max(c.execute("SELECT max(pageno) FROM dbstat WHERE name = 'sqlite_schema'").get,
+               c.execute("SELECT max(rootpage) FROM sqlite_schema").get)
+    c.close()
+    assert last * page_size <= _connection.PREFETCH
 
 
 def _open_as_other_user(path, q):
