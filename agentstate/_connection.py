@@ -231,7 +231,7 @@ class Store:
             c.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
             if c.readonly("main"):
                 raise StorageError(f"{self.path} is read-only for this process (file permissions)")
-            self._check_header(c)
+            version = self._check_header(c)
             mode = c.pragma("journal_mode", "wal")
             if mode != "wal":
                 raise StorageError(f"cannot switch {self.path} to WAL mode (got {mode})")
@@ -246,7 +246,8 @@ class Store:
             # CPU. In memory the chunks are 1 KiB. (VACUUM builds its copy in
             # the temp store: it wants temp_store FILE around it.)
             c.pragma("temp_store", "MEMORY")
-            self._ensure_schema(c)
+            if version != SCHEMA_VERSION:
+                self._ensure_schema(c)
         except BaseException as e:
             c.close(True)
             if isinstance(e, apsw.Error):
@@ -254,7 +255,8 @@ class Store:
             raise
         return c
 
-    def _check_header(self, c: apsw.Connection) -> None:
+    def _check_header(self, c: apsw.Connection) -> int:
+        """The file's schema version, once it is known to be ours (or empty)."""
         version = c.pragma("user_version")
         app = c.pragma("application_id")
         if app not in (0, APPLICATION_ID):
@@ -275,14 +277,13 @@ class Store:
                 f"{self.path} has schema version {version}; this agentstate knows up to "
                 f"{SCHEMA_VERSION}: upgrade agentstate"
             )
+        return version
 
     def _ensure_schema(self, c: apsw.Connection) -> None:
-        if c.pragma("user_version") == SCHEMA_VERSION:
-            return
+        """A new file gets the schema, an older one its migrations, in one transaction."""
         c.execute("BEGIN IMMEDIATE")
         try:
-            self._check_header(c)  # another process may have set it up meanwhile
-            version = c.pragma("user_version")
+            version = self._check_header(c)  # another process may have set it up meanwhile
             if version == 0:
                 c.execute(SCHEMA)
             while version < SCHEMA_VERSION and version != 0:
