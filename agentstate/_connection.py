@@ -558,6 +558,21 @@ class Store:
         """A connection for reading; each statement sees one consistent snapshot."""
         return _Read(self)
 
+    def call_read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(connection, *args)``: what ``with self.read() as c`` does, as one call
+        (no context manager's two method calls: ~0.3 µs less on get, the hottest read)."""
+        c = self.conn()
+        local = self._local
+        if local.depth:
+            self.check_owner()
+        try:
+            return fn(c, *args)
+        except apsw.Error as e:
+            raise translate(e) from None
+        finally:
+            if self._closed and not local.depth:
+                self.drop_local()
+
     @contextmanager
     def snapshot(self) -> Iterator[apsw.Connection]:
         """Several reads that must see the same state: a read transaction."""

@@ -47,9 +47,15 @@ class LocalOps:
         # fn(connection, *args) in one write transaction: grouped with other
         # threads' writes where the store commits in groups (SQLite's Store).
         self._write: Callable[..., Any] = getattr(store, "call_write", None) or self._one_write
+        # fn(connection, *args) as one read (SQLite's Store does it without a context manager).
+        self._read: Callable[..., Any] = getattr(store, "call_read", None) or self._one_read
 
     def _one_write(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self.store.write() as c:
+            return fn(c, *args)
+
+    def _one_read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.store.read() as c:
             return fn(c, *args)
 
     # -- the database ---------------------------------------------------------
@@ -90,8 +96,7 @@ class LocalOps:
 
     def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
         """(type, stored, version, joined list items); ``raw``: the caller wants bytes."""
-        with self.store.read() as c:
-            return self.kv.get(c, kind, sid, key)
+        return self._read(self.kv.get, kind, sid, key)
 
     def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
                items: list[str] | None, if_version: int | None, ttl: Any) -> int:
