@@ -1,4 +1,5 @@
-"""Reading stored JSON: the fast path (the scanner on compact text) gives what json does, errors included."""
+"""Reads: stored JSON parsed on the fast path gives what json gives, errors included; a read
+through Store.call_read translates driver errors."""
 
 from __future__ import annotations
 
@@ -29,3 +30,27 @@ def test_decode_refuses_what_is_not_json(text):
 def test_decode_of_deep_nesting_is_a_decode_error():
     with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
         decode("[" * 100_000)
+
+
+def test_a_read_translates_driver_errors(db, monkeypatch):
+    """get runs through Store.call_read: a driver error leaves as an agentstate error, and a
+    closed database refuses the read."""
+    import apsw
+
+    import agentstate
+    from agentstate import _kv
+
+    s = db.scope("app", "a")
+    s.put("k", {"v": 1})
+
+    def broken(c, *args):
+        raise apsw.IOError("disk I/O error")
+
+    monkeypatch.setattr(_kv, "get", broken)
+    with pytest.raises(agentstate.StorageError):
+        s.get("k")
+    monkeypatch.undo()
+    assert s.get("k") == {"v": 1}
+    db.close()
+    with pytest.raises(agentstate.Closed):
+        s.get("k")
