@@ -37,8 +37,8 @@ from typing import Any
 import apsw
 
 from ._migrations import MIGRATIONS
-from .errors import (AgentStateError, Busy, Closed, Damaged, InvalidValue, SchemaTooNew, StorageError,
-                     UsageError)
+from ._owner import check_owner
+from .errors import AgentStateError, Busy, Closed, Damaged, InvalidValue, SchemaTooNew, StorageError
 
 APPLICATION_ID = 1634952052  # 'agst'
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -334,22 +334,7 @@ class Store:
 
     def check_owner(self) -> None:
         """Refuse a call from code that is not inside this thread's open transaction."""
-        local = self._local
-        if local.depth:
-            if self._txn.get() is not local.owner:
-                raise Busy(
-                    "another task on this thread has an open transaction() on this database; "
-                    "a call from outside its block would join it (and be lost if it rolls back): "
-                    "await its end, or run this call in another thread (the async twins do)"
-                )
-        else:
-            tok = self._txn.get()
-            if tok is not None and tok[0]:
-                raise UsageError(
-                    "this call runs in another thread than the transaction() it is inside of "
-                    "(an async twin, or a thread started in the block), so it cannot join it "
-                    "and would wait for it forever: use the plain calls inside transaction()"
-                )
+        check_owner(self._txn, self._local)
 
     def _after_fork(self, pid: int) -> None:
         """In a fork()ed child: drop the parent's connections (see _after_fork_in_child)."""

@@ -13,7 +13,7 @@ from pydantic.dataclasses import dataclass
 from ._encoding import check_int, check_key, decode, encode, is_key
 from ._runs import parse_time
 from ._scope import Scope
-from ._turnstate import LEASED, effective_status
+from ._turnstate import effective_status
 from .errors import InvalidTransition, InvalidValue, NotFound
 
 if TYPE_CHECKING:

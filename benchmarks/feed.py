@@ -23,7 +23,6 @@ import multiprocessing as mp
 import os
 import platform
 import resource
-import statistics
 import sys
 import tempfile
 import time

@@ -32,7 +32,6 @@ import random
 import statistics
 import tempfile
 import time
-from typing import Any
 
 import apsw
 
@@ -49,7 +48,7 @@ class Bench:
         self.db = agentstate.open(os.path.join(root, f"a-{dur}.db"), durability=dur)
         self.store = self.db._ops.store  # the switches are private: this is a lab
         self.kv = self.db.scope("session", "bench")
-        for chunk in range(20):  # 20,000 writes, one transaction per 1,000
+        for _chunk in range(20):  # 20,000 writes, one transaction per 1,000
             with self.db.transaction():
                 for i in range(1000):
                     self.kv.put(f"k{i % 100}", VALUE)

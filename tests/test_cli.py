@@ -178,7 +178,7 @@ def test_list_commands_page(db_path):
         for i in range(5):
             db.runs.write(f"r{i}", [], {"task": "t"}, create=True)
         s = db.sessions.create(alice)
-        for i in range(3):
+        for _ in range(3):
             db.sessions.start_turn(s.id, alice).finish()
         db.sessions.create(alice)
     ids = [r["id"] for r in jrun(db_path, "runs", "list")]

@@ -35,6 +35,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from .. import errors
 from .._encoding import MAX_VALUE
+from .._owner import check_owner
 from ..errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError, UsageError
 
 POOL_MAX = 16  # connections per process: one per thread inside a write, at most
@@ -392,22 +393,7 @@ class Store:
 
     def check_owner(self) -> None:
         """Refuse a call from code that is not inside this thread's open transaction."""
-        local = self._thread()
-        if local.depth:
-            if self._txn.get() is not local.owner:
-                raise Busy(
-                    "another task on this thread has an open transaction() on this database; "
-                    "a call from outside its block would join it (and be lost if it rolls back): "
-                    "await its end, or run this call in another thread (the async twins do)"
-                )
-        else:
-            tok = self._txn.get()
-            if tok is not None and tok[0]:
-                raise UsageError(
-                    "this call runs in another thread than the transaction() it is inside of "
-                    "(an async twin, or a thread started in the block), so it cannot join it "
-                    "and would wait for it forever: use the plain calls inside transaction()"
-                )
+        check_owner(self._txn, self._thread())
 
     # -- transactions ---------------------------------------------------------
 
