@@ -467,7 +467,7 @@ class ApswSameHandle(Handle):
     def append(self, key, item):
         c, kv = self.c, self.kv
         text = _dumps(item)
-        now, stamp = time.time(), self.now_iso()
+        stamp = self.now_iso()
         c.execute("BEGIN IMMEDIATE")
         try:
             version, _type, list_id, length, size, _exp = c.execute(
