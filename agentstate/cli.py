@@ -101,7 +101,7 @@ def parse_scope(text: str) -> tuple[str, str]:
 def parse_json(text: str, what: str) -> Any:
     try:
         if text == "-":
-            text = click.get_binary_stream("stdin").read().decode("utf-8")
+            text = sys.stdin.buffer.read().decode("utf-8")
         return json.loads(text)
     except UnicodeDecodeError as e:
         fail("invalid_value", f"{what} is not UTF-8: {e.reason} at byte {e.start}")
