@@ -283,8 +283,15 @@ def test_command_changes_and_follow(db):
     line = json.loads(r.stdout.splitlines()[0])
     assert r.exit_code == 0 and set(line) == set(agentstate.Change._fields)
     assert line["op"] == "put" and line["at"].endswith("Z")
-    p = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db_path, "--json", "changes",
-                          "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A child inherits an ignored SIGINT (as in a shell script's background job) and
+    # Python then installs no KeyboardInterrupt handler: give it the default to inherit.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db_path, "--json",
+                              "changes", "--follow"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
     try:
         time.sleep(1.5)  # started and waiting
         db.scope("app", "a").append("l", [1])

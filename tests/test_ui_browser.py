@@ -86,12 +86,27 @@ def sign_in(driver, served):
 
 
 def wait_for(driver, cond, timeout: float = WAIT):
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def check(d):
+        try:
+            return cond(d)
+        except StaleElementReferenceException:
+            raise
+        except WebDriverException as e:
+            # Chromium's other word for a stale element: replaced between find and read
+            if "does not belong to the document" in (e.msg or ""):
+                return False
+            raise
 
     # the live parts replace the page's content: an element read a moment ago may be gone
     return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=(
-        NoSuchElementException, StaleElementReferenceException)).until(cond)
+        NoSuchElementException, StaleElementReferenceException)).until(check)
 
 
 def wait_live(driver):
