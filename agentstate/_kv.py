@@ -27,7 +27,7 @@ KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl)
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
 _FIND = """SELECT version, type, list_id, length, size, expires_at FROM kv
-           WHERE kind = :kind AND scope_id = :sid AND key = :key"""
+           WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
 _NEXT_VERSION = ("1 + coalesce((SELECT version FROM kv_deleted WHERE kind = :kind AND scope_id = :sid "
                  "AND key = :key), 0)")
 # The common put in one statement: create, or replace a live value that is not
@@ -92,7 +92,7 @@ def _remove(c: apsw.Connection, kind: str, sid: str, key: str, version: int,
 def _settle(c: apsw.Connection, kind: str, sid: str, key: str, now: float) -> Row | None:
     """The key's live row (version, type, list_id, length, size, expires_at), or None;
     an expired row met here is expired for good first."""
-    row = c.execute(_FIND, {"kind": kind, "sid": sid, "key": key}).fetchone()
+    row = c.execute(_FIND, (kind, sid, key)).fetchone()
     if row is not None and row[5] is not None and row[5] <= now:
         _remove(c, kind, sid, key, row[0], row[2], "expire")
         return None
@@ -116,7 +116,9 @@ def get(c: apsw.Connection, kind: str, sid: str, key: str) -> Row | None:
 
 
 def _add_items(c: apsw.Connection, list_id: int, start: int, items: list[str]) -> None:
-    if items:
+    if len(items) == 1:  # the common append: one execute costs less than executemany's setup
+        c.execute(_ADD_ITEMS, (list_id, start, items[0]))
+    elif items:
         c.executemany(_ADD_ITEMS, [(list_id, start + i, t) for i, t in enumerate(items)])
 
 

@@ -471,7 +471,7 @@ class ApswSameHandle(Handle):
         c.execute("BEGIN IMMEDIATE")
         try:
             version, _type, list_id, length, size, _exp = c.execute(
-                kv._FIND, {"kind": self.KIND, "sid": self.SID, "key": key}).fetchone()
+                kv._FIND, (self.KIND, self.SID, key)).fetchone()
             c.execute(kv._EXTEND, (self.KIND, self.SID, key, version + 1, length + 1,
                                    size + len(text) + 1, stamp, True, None))
             c.execute(kv._ADD_ITEMS, (list_id, length, text))
