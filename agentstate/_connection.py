@@ -15,8 +15,7 @@ commit under way queues; when that commit ends, the first queued thread leads:
 it runs every queued write in one transaction, each in its own SAVEPOINT (a
 refused write rolls back alone), with one COMMIT — one fsync at durability
 full — for them all, while the next arrivals queue for the group after. A
-caller returns only after the COMMIT that covers its write. At durability
-normal there is no fsync to share: every write is its own transaction.
+caller returns only after the COMMIT that covers its write.
 """
 
 from __future__ import annotations
@@ -183,9 +182,10 @@ class Store:
         self._glock = threading.Lock()
         self._queue: list[_Pending] = []
         self._leading = False
-        # At durability normal a COMMIT has no fsync to share, and the hand-offs
-        # between threads cost more than they save (benchmarks/GROUP-COMMIT.md).
-        self.group_commit = durability == "full"  # False: one transaction per write
+        # At durability normal too: there is no fsync to share, but a writer that
+        # waits queues here instead of sleeping in SQLite's busy handler, which
+        # doubles a server's PUTs (benchmarks/SERVER-GROUP-COMMIT.md).
+        self.group_commit = True  # False: one transaction per write (for comparison)
         if self.path in _tainted:
             raise StorageError(
                 f"{self.path} was in use by another thread when this process was forked: "

@@ -8,12 +8,10 @@ fast as it can for a fixed time; the figure is all writers' writes per second,
 median (min-max) of the repetitions. Systems and settings alternate within
 each round, in a fresh random order.
 
-- agentstate, group commit: ``Scope.put`` with the store's ``group_commit``
-  on (writes of concurrent threads share one transaction and one COMMIT): as
-  shipped at durability full; at normal it ships off and is switched on here to
-  show why.
-- agentstate, one transaction per write: the same with ``group_commit`` off
-  (each put its own BEGIN IMMEDIATE ... COMMIT): as shipped at normal.
+- agentstate, group commit: ``Scope.put`` as shipped (writes of concurrent
+  threads share one transaction and one COMMIT).
+- agentstate, one transaction per write: the same with the store's
+  ``group_commit`` switched off (each put its own BEGIN IMMEDIATE ... COMMIT).
 - raw apsw: one connection per writer, BEGIN IMMEDIATE; INSERT OR REPLACE;
   COMMIT per write, json.dumps, WAL, the same synchronous, busy timeout 60 s.
 
@@ -271,7 +269,7 @@ Each writer puts a small value (~120 bytes of JSON) to 100 keys of its own, in t
 
 Threads of one process share a commit: while one group's COMMIT waits for its fsync, the writes that arrive queue up and the next group commits them all with one more. Processes cannot: a SQLite commit is one connection's transaction, so {a.writers} processes at durability full pay one fsync per write, like raw apsw (group commit does not reach across processes; an HTTP server in front of the file does, for its clients).
 
-At durability normal a COMMIT does not wait for a fsync, so there is nothing to share and only the hand-offs between threads to pay: grouped, {a.writers} threads ran at {normal} of one transaction per write. agentstate therefore groups only at durability full; at normal each write is its own transaction (the "group commit" rows at normal switch it on to show this).
+At durability normal a COMMIT does not wait for a fsync, so there is little to share and the hand-offs between threads to pay: grouped, {a.writers} threads writing flat out ran at {normal} of one transaction per write. agentstate groups at normal all the same: there a waiting writer queues in Python and is woken when its group commits, where one transaction per write waits in SQLite's busy handler, which sleeps and retries; in an HTTP server at 64 clients that doubles PUTs (SERVER-GROUP-COMMIT.md).
 
 ## Where a write's time goes (durability full)
 
