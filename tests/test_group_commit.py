@@ -54,6 +54,14 @@ def hold_commit(store) -> tuple[threading.Thread, threading.Event]:
     return holder, release
 
 
+def wait_queued(store, n: int) -> None:
+    """Until ``n`` writes wait in the queue for the next group."""
+    deadline = time.monotonic() + 30
+    while len(store._queue) < n:
+        assert time.monotonic() < deadline, len(store._queue)
+        time.sleep(0.001)
+
+
 def test_queued_writes_of_many_threads_commit_once_each_outcome_their_own(db):
     """A conflicting CAS, a list append to a non-list and an append past 1 MiB fail alone;
     the other writes of the same group commit; the whole group is one COMMIT."""
@@ -68,7 +76,6 @@ def test_queued_writes_of_many_threads_commit_once_each_outcome_their_own(db):
               lambda: kv.append("big", ["y" * 600_000]),  # TooLarge: the list would pass 1 MiB
               lambda: kv.put("v", 3, if_version=1)]  # succeeds
     holder, release = hold_commit(store)
-    deadline = time.monotonic() + 30
     outcomes: list = [None] * len(calls)
     conns_ready = threading.Barrier(len(calls) + 1)
 
@@ -88,9 +95,7 @@ def test_queued_writes_of_many_threads_commit_once_each_outcome_their_own(db):
     commits = count_commits(db)
     head = db.last_change()
     conns_ready.wait()
-    while len(store._queue) < len(calls):  # the holder's own write is taken, not queued
-        assert time.monotonic() < deadline, len(store._queue)
-        time.sleep(0.001)
+    wait_queued(store, len(calls))  # the holder's own write is taken, not queued
     release.set()
     for t in threads + [holder]:
         t.join(30)
@@ -126,10 +131,7 @@ def test_a_failed_commit_fails_every_write_of_its_group(db):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(store._queue) < 6:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    wait_queued(store, 6)
     # the next group is led by the first queued thread: veto every commit from now on
     for c in store._conns:
         c.set_commit_hook(lambda: True)
@@ -305,10 +307,7 @@ def test_durability_normal_groups_too(db_path):
         writers = [threading.Thread(target=kv.put, args=(f"w{w}", w)) for w in range(4)]
         for t in writers:
             t.start()
-        deadline = time.monotonic() + 30
-        while len(store._queue) < 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        wait_queued(store, 4)
         release.set()
         holder.join()
         for t in writers:
