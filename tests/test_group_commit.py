@@ -45,7 +45,7 @@ def hold_commit(store) -> tuple[threading.Thread, threading.Event]:
         except agentstate.StorageError:
             pass  # a test may veto this commit too
 
-    holder = threading.Thread(target=held)
+    holder = threading.Thread(target=held, daemon=True)  # a test that fails may leave it stuck
     holder.start()
     deadline = time.monotonic() + 30
     while not store._leading:
@@ -313,3 +313,183 @@ def test_durability_normal_groups_too(db_path):
         for t in writers:
             t.join()
         assert {k: kv.get(k) for k in kv.list()} == {f"w{w}": w for w in range(4)}
+
+
+def test_a_finalizer_that_writes_during_the_bookkeeping_does_not_deadlock(db, monkeypatch):
+    """The garbage collector may run a finalizer at any allocation, one made while the
+    group's lock is held included; a finalizer that writes then makes a plain write
+    instead of taking that lock again on the same thread (which never returns)."""
+    from agentstate import _connection
+
+    kv = db.scope("session", "f")
+    store = store_of(db)
+    entered = threading.Event()
+    wrote: list[int] = []
+
+    class Pending(_connection._Pending):
+        __slots__ = ()
+
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            if not entered.is_set():  # what a finalizer run by the GC here would do
+                entered.set()
+                wrote.append(kv.put("from-finalizer", 1))
+
+    monkeypatch.setattr(_connection, "_Pending", Pending)
+    holder, release = hold_commit(store)
+    t = threading.Thread(target=kv.put, args=("k", 1), daemon=True)
+    t.start()
+    assert entered.wait(30)
+    release.set()
+    t.join(30)
+    holder.join(30)
+    assert not t.is_alive(), "the thread deadlocked on the group's lock"
+    assert wrote == [1] and kv.get("from-finalizer") == 1 and kv.get("k") == 1
+    assert kv.put("after", 1) == 1
+
+
+def test_a_queued_write_waits_no_longer_than_busy_timeout(db_path):
+    """SPEC §1: writers wait for each other up to busy_timeout, then Busy. Writes that
+    queue behind a group whose leader is itself waiting for the lock (held here by
+    another connection, as another process would) fail at their own deadline, not
+    after the leader's wait plus their own."""
+    import apsw
+
+    with agentstate.open(db_path, busy_timeout=1.0) as db:
+        kv = db.scope("session", "b")
+        kv.put("warm", 1)
+        other = apsw.Connection(db_path)
+        other.execute("BEGIN IMMEDIATE")
+        waited: dict[int, tuple[str, float]] = {}
+
+        def write(i: int, delay: float) -> None:
+            time.sleep(delay)
+            t0 = time.monotonic()
+            try:
+                kv.put(f"k{i}", i)
+                waited[i] = ("ok", time.monotonic() - t0)
+            except agentstate.Busy:
+                waited[i] = ("Busy", time.monotonic() - t0)
+
+        threads = [threading.Thread(target=write, args=(i, 0.2 * i)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        other.execute("ROLLBACK")
+        other.close()
+        assert sorted(waited) == [0, 1, 2, 3]
+        assert all(how == "Busy" and 0.95 <= s <= 1.4 for how, s in waited.values()), waited
+        assert kv.put("after", 1) == 1  # the lock is free again: writes go on
+
+
+def test_close_while_threads_write_loses_nothing_acknowledged(tmp_path):
+    """db.close() while 32 threads write: every thread ends (Closed), every write that
+    returned is in the file, and no raw driver error leaks out of a group."""
+    import random
+
+    for run in range(4):
+        path = str(tmp_path / f"close{run}.db")
+        db = agentstate.open(path)
+        kv = db.scope("agent", "a")
+        kv.put("warm", 1)
+        acked: list[str] = []
+        errors: list[BaseException] = []
+
+        def write(t: int) -> None:
+            n = 0
+            while True:
+                k = f"{t}-{n}"
+                n += 1
+                try:
+                    kv.put(k, n)
+                    acked.append(k)
+                except agentstate.Closed:
+                    return
+                except BaseException as e:  # noqa: BLE001 - the test fails on it
+                    errors.append(e)
+                    return
+
+        threads = [threading.Thread(target=write, args=(t,), daemon=True) for t in range(32)]
+        for t in threads:
+            t.start()
+        time.sleep(random.uniform(0.05, 0.3))
+        db.close()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == []
+        with agentstate.open(path) as again:
+            keys = set(again.scope("agent", "a").list())
+        assert acked and set(acked) <= keys
+
+
+class _InterruptAfterBegin:
+    """Stands in for the store's context variable: KeyboardInterrupt (once) at the
+    first get or set made while this thread's connection is in a transaction, i.e.
+    right after BEGIN returned, as a Ctrl-C landing there would."""
+
+    def __init__(self, store) -> None:
+        self.store, self.real = store, store._txn
+        store._txn = self
+
+    def _maybe(self) -> None:
+        if self.store.conn().in_transaction:
+            self.store._txn = self.real
+            raise KeyboardInterrupt
+
+    def get(self):
+        self._maybe()
+        return self.real.get()
+
+    def set(self, value):
+        self._maybe()
+        return self.real.set(value)
+
+    def reset(self, token):
+        return self.real.reset(token)
+
+
+@pytest.mark.parametrize("how", ["put", "transaction"])
+def test_an_interrupt_just_after_begin_leaves_no_transaction_open(db_path, how):
+    """Ctrl-C can land in the main thread right after BEGIN IMMEDIATE returned, before
+    the write's bookkeeping: the transaction is rolled back, not left holding the lock."""
+    with agentstate.open(db_path, busy_timeout=1.0) as db:
+        kv = db.scope("session", "i")
+        kv.put("warm", 1)
+        store = store_of(db)
+        _InterruptAfterBegin(store)
+        with pytest.raises(KeyboardInterrupt):
+            if how == "put":
+                kv.put("k", 1)
+            else:
+                with db.transaction():
+                    kv.put("k", 1)
+        assert not store.conn().in_transaction
+        other: list = []
+        t = threading.Thread(target=lambda: other.append(kv.put("from-thread", 1)))
+        t.start()
+        t.join(30)
+        assert other == [1]  # not Busy: the lock was given back
+        assert kv.put("k", 2) == 1 and kv.get("k") == 2
+
+
+def test_a_write_refused_inside_a_snapshot_leaves_the_snapshot_alone(db):
+    """A write attempted on a connection inside a read snapshot is refused before it
+    touches the connection: the snapshot stays open and consistent, and takes no write
+    lock (other threads keep writing)."""
+    kv = db.scope("session", "s")
+    kv.put("x", 1)
+    store = store_of(db)
+    with store.snapshot() as c:
+        assert kv.get("x") == 1
+        with pytest.raises(agentstate.StorageError):
+            kv.put("y", 1)
+        assert c.in_transaction
+        other: list = []
+        t = threading.Thread(target=lambda: other.append(kv.put("x", 2)))
+        t.start()
+        t.join(30)
+        assert other == [2]  # not Busy: the refused write took no lock
+        assert kv.get("x") == 1  # still the snapshot's view
+    assert kv.get("x") == 2 and kv.get("y") is None
