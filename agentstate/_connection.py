@@ -16,8 +16,11 @@ it runs every queued write in one transaction, each in its own SAVEPOINT (a
 refused write rolls back alone), with one COMMIT — one fsync at durability
 full — for them all, while the next arrivals queue for the group after. A
 caller returns only after the COMMIT that covers its write. Each write has a
-deadline (busy_timeout after it arrived); a leader waits for the lock only
-until its own, so one that cannot get it fails with Busy at its deadline.
+deadline (busy_timeout after it arrived); a leader waits for the lock no
+longer than the group's earliest, so a write that cannot get the lock fails
+with Busy at its own. The main thread's writes never lead (Python runs signal
+handlers there, between any two steps: an interrupted leader would strand the
+group): they queue as followers, or write alone when no group is under way.
 """
 
 from __future__ import annotations
@@ -226,6 +229,21 @@ class Store:
             os.close(fd)
 
     def _connect(self) -> apsw.Connection:
+        """A new connection, ready. While another process creates the file, switches it
+        to WAL or recovers it, SQLite can answer SQLITE_BUSY at once, without calling the
+        busy handler: opening then starts again, until busy_timeout has passed."""
+        deadline = time.monotonic() + self.busy_ms / 1000
+        pause = 0.001
+        while True:
+            try:
+                return self._connect_once()
+            except Busy:
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+
+    def _connect_once(self) -> apsw.Connection:
         try:
             c = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE, vfs=self.vfs)
         except apsw.Error as e:
@@ -262,15 +280,18 @@ class Store:
 
     def _check_header(self, c: apsw.Connection) -> int:
         """The file's schema version, once it is known to be ours (or empty)."""
-        version = c.pragma("user_version")
-        app = c.pragma("application_id")
+        # One statement, so one snapshot: another process may commit the schema (and
+        # user_version with it) between two separate reads.
+        version, app, objects = c.execute(
+            "SELECT user_version, application_id, (SELECT count(*) FROM sqlite_schema) "
+            "FROM pragma_user_version, pragma_application_id").fetchone()
         if app not in (0, APPLICATION_ID):
             raise Damaged(f"{self.path} is an SQLite file of another application (id {app})")
         # Before anything is written (the WAL switch rewrites the header): a
         # file without our schema must be empty to become ours, and a file
         # with a schema version must carry our application id (the schema
         # sets both in one transaction), whatever its user_version.
-        if version == 0 and c.execute("SELECT count(*) FROM sqlite_schema").get:
+        if version == 0 and objects:
             raise Damaged(f"{self.path} is an SQLite database but not an agentstate one")
         if version != 0 and app != APPLICATION_ID:
             raise Damaged(
@@ -326,6 +347,9 @@ class Store:
             self._local.depth = 0
             self._local.owner = None
             self._local.solo = False  # see call_write
+            # Python runs signal handlers (KeyboardInterrupt) in the main thread,
+            # between any two steps: its writes never lead a group (see call_write).
+            self._local.main = threading.current_thread() is threading.main_thread()
         return c
 
     def drop_local(self) -> None:
@@ -427,11 +451,16 @@ class Store:
             with self._glock:
                 alone = not self._leading
                 if alone:
-                    self._leading = True
+                    # The main thread takes no leadership: an interrupt there must never
+                    # leave _leading set with nobody leading.
+                    self._leading = not local.main
                 else:
                     item = _Pending(fn, args, time.monotonic() + self.busy_ms / 1000)
-                    item.wake.acquire()  # released by the leader: done, or promoted
+                    item.follow = local.main
+                    item.wake.acquire()  # released by the leader: done, promoted, or go alone
                     self._queue.append(item)
+            if alone and local.main:
+                return self._alone(c, fn, args)
             if alone:  # no commit under way: a plain write; what queues meanwhile is the next group
                 try:
                     return self._alone(c, fn, args)
@@ -451,6 +480,8 @@ class Store:
                         if item.lead:
                             self._hand_off()
                 raise
+            if item.alone:  # the main thread's, with no group left to join: a plain write
+                return self._alone(c, fn, args)
             if not item.done:  # promoted: lead the group this write is in
                 self._lead(c, item)
         finally:
@@ -490,13 +521,19 @@ class Store:
                 self.drop_local()
 
     def _hand_off(self) -> None:
-        """With _glock held: wake the first waiting write to lead the next group."""
-        if self._queue:
-            nxt = self._queue[0]
-            nxt.lead = True
-            nxt.wake.release()
-        else:
-            self._leading = False
+        """With _glock held: wake the first waiting write that may lead (not the main
+        thread's) to lead the next group. If only the main thread's waits, it goes alone
+        (a plain write) and nobody leads."""
+        for item in self._queue:
+            if not item.follow:
+                item.lead = True
+                item.wake.release()
+                return
+        for item in self._queue:
+            item.alone = True
+            item.wake.release()
+        self._queue = []
+        self._leading = False
 
     def _lead(self, c: apsw.Connection, mine: _Pending) -> None:
         with self._glock:
@@ -560,36 +597,46 @@ class Store:
             _fail([item for item in group if item.error is None], e, commit=True)
 
     def _begin(self, c: apsw.Connection, group: list[_Pending], mine: _Pending) -> bool:
-        """BEGIN IMMEDIATE for the group, waiting no longer than the leader's deadline
-        (``mine``, the group's first: the queue is in arrival order). If the lock stays
-        taken, the writes past their deadline fail with Busy, the others go back to the
-        front of the queue for the next leader, and ``group`` keeps the failed ones."""
-        wait = mine.deadline - time.monotonic()
-        short = wait * 1000 < self.busy_ms
-        try:
-            if short:
-                c.set_busy_timeout(max(0, int(wait * 1000)))
-            c.execute("BEGIN IMMEDIATE")
-            return True
-        except apsw.BusyError as e:
-            now = time.monotonic()
-            over = [item for item in group if item is mine or item.deadline <= now]
-            rest = [item for item in group if item is not mine and item.deadline > now]
-            _fail(over, e)
-            with self._glock:
-                self._queue[:0] = rest
-            group[:] = over
-            return False
-        except BaseException as e:  # closed meanwhile (db.close()), or a driver error
-            _roll_back(c)  # begun, then interrupted: not left open
-            _fail(group, e)
-            return False
-        finally:
-            if short:
-                try:
-                    c.set_busy_timeout(self.busy_ms)
-                except apsw.Error:  # closed meanwhile: the next call says Closed
-                    pass
+        """BEGIN IMMEDIATE for the group, waiting for the lock no longer than the earliest
+        deadline in it (its first: the queue is in arrival order). At each deadline that
+        passes, the writes past theirs fail with Busy; when the leader's own does, the
+        rest go back to the front of the queue for the next leader. ``group`` is left
+        holding the writes the caller settles."""
+        while True:
+            wait = group[0].deadline - time.monotonic()
+            short = wait * 1000 < self.busy_ms
+            try:
+                if short:
+                    c.set_busy_timeout(max(0, int(wait * 1000)))
+                c.execute("BEGIN IMMEDIATE")
+                return True
+            except apsw.BusyError as e:
+                now = time.monotonic()
+                first = group[0]
+                over = [item for item in group if item is first or item.deadline <= now]
+                rest = [item for item in group if item is not first and item.deadline > now]
+                _fail(over, e)
+                if any(item is mine for item in over):
+                    with self._glock:
+                        self._queue[:0] = rest
+                    group[:] = over
+                    return False
+                with self._glock:  # the others past their deadline: told at once
+                    for item in over:
+                        item.done = True
+                for item in over:
+                    item.wake.release()
+                group[:] = rest
+            except BaseException as e:  # closed meanwhile (db.close()), or a driver error
+                _roll_back(c)  # begun, then interrupted: not left open
+                _fail(group, e)
+                return False
+            finally:
+                if short:
+                    try:
+                        c.set_busy_timeout(self.busy_ms)
+                    except apsw.Error:  # closed meanwhile: the next call says Closed
+                        pass
 
     def read(self) -> _Read:
         """A connection for reading; each statement sees one consistent snapshot."""
@@ -645,13 +692,16 @@ class Store:
 class _Pending:
     """One write waiting in a group commit: its function and, once done, its outcome."""
 
-    __slots__ = ("fn", "args", "deadline", "result", "error", "done", "lead", "wake")
+    __slots__ = ("fn", "args", "deadline", "result", "error", "done", "lead", "follow", "alone",
+                 "wake")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline: float) -> None:
         self.fn, self.args, self.deadline = fn, args, deadline  # deadline: time.monotonic()
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = self.lead = False
+        self.follow = False  # the main thread's: never promoted to lead
+        self.alone = False  # set with follow when no group is left: its thread writes alone
         self.wake = _lock()  # acquired by its thread; released by a leader: done, or promoted
 
 

@@ -315,6 +315,62 @@ def test_durability_normal_groups_too(db_path):
         assert {k: kv.get(k) for k in kv.list()} == {f"w{w}": w for w in range(4)}
 
 
+def test_the_main_thread_never_leads_a_group(db, monkeypatch):
+    """KeyboardInterrupt lands in the main thread between any two steps: its writes
+    queue in groups (fairly, beside the other threads') but never lead one, so an
+    interrupt there cannot strand the group or become other threads' outcome. When
+    only its write is left waiting, it goes alone."""
+    kv = db.scope("session", "m")
+    store = store_of(db)
+    leaders: list[threading.Thread] = []
+    lead = store._lead
+    monkeypatch.setattr(store, "_lead", lambda c, mine: leaders.append(
+        threading.current_thread()) or lead(c, mine))
+    for round_ in range(2):  # with workers queued behind it; then with none
+        holder, release = hold_commit(store)
+        workers = [threading.Thread(target=kv.put, args=(f"w{round_}-{i}", i)) for i in range(2)]
+
+        def queue_behind_main() -> None:
+            wait_queued(store, 1)  # the main thread's put, first in the queue
+            for t in workers[:2 - 2 * round_]:
+                t.start()
+            wait_queued(store, 3 - 2 * round_)
+            release.set()
+
+        t = threading.Thread(target=queue_behind_main)
+        t.start()
+        assert kv.put(f"main{round_}", round_) == 1
+        t.join(30)
+        holder.join(30)
+        for w in workers[:2 - 2 * round_]:
+            w.join(30)
+    assert threading.main_thread() not in leaders and len(leaders) == 1
+    assert sorted(kv.list()) == ["main0", "main1", "w0-0", "w0-1"]
+
+
+def test_ctrl_c_storms_in_the_main_thread_strand_no_writer(tmp_path):
+    """16 threads and the main thread write while SIGINT arrives every ~2 ms and the
+    main thread shrugs off each KeyboardInterrupt: no write hangs, no worker thread
+    ever gets an interrupt as its outcome, nothing acknowledged is missing."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = str(tmp_path / "storm.db")
+    script = Path(__file__).with_name("interruptwriter.py")
+    out = subprocess.run([sys.executable, str(script), path, "4"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["worker_interrupts"] == [] and got["errors"] == [] and got["alive"] == 0
+    assert got["main_interrupted"] > 0  # the storm did reach the main thread's calls
+    with agentstate.open(path) as db:
+        keys = set(db.scope("agent", "a").list())
+        assert len(got["acked"]) > 100 and set(got["acked"]) <= keys
+        assert db.check() == []
+
+
 def test_a_finalizer_that_writes_during_the_bookkeeping_does_not_deadlock(db, monkeypatch):
     """The garbage collector may run a finalizer at any allocation, one made while the
     group's lock is held included; a finalizer that writes then makes a plain write

@@ -324,3 +324,27 @@ def test_thread_clients(db_path, monkeypatch):
         env_store.put_json("x", 1)
     with agentstate.open(db_path) as db:
         assert db.scope("thread", "t-env").get("x") == 1
+
+
+def test_an_immediate_busy_at_open_is_waited_out(db_path, monkeypatch):
+    """While another process creates the file, switches it to WAL or recovers it, SQLite
+    can answer SQLITE_BUSY at once, without its busy handler: open() tries again
+    (within busy_timeout) instead of failing."""
+    import apsw
+
+    from agentstate._connection import Store
+
+    agentstate.open(db_path).close()
+    calls = []
+    real = Store._check_header
+
+    def busy_twice(self, c):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise apsw.BusyError("database is locked")
+        return real(self, c)
+
+    monkeypatch.setattr(Store, "_check_header", busy_twice)
+    with agentstate.open(db_path) as db:
+        assert db.scope("app", "a").put("k", 1) == 1
+    assert len(calls) == 3

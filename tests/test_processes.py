@@ -27,3 +27,23 @@ def test_four_processes_append_to_one_list(db_path):
         assert len({(x["who"], x["i"]) for x in items}) == 1000
         for w in range(4):
             assert [x["i"] for x in items if x["who"] == w] == list(range(250))
+
+
+def test_processes_creating_one_file_at_once_all_open_it(tmp_path):
+    """SPEC §1: many processes may open the same file at once. Created together, the
+    file is being set up (schema, WAL) by one while the others read its header: none
+    may fail with Busy at once nor take the half-made file for a foreign one."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for trial in range(6):
+        path = str(tmp_path / f"new{trial}.db")
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=workers.open_new, args=(path, barrier, results))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert got == ["ok"] * 4, (trial, got)

@@ -167,3 +167,14 @@ def mixed_worker(path: str, who: int, seconds: float, start, results) -> None:
             except Exception as e:  # any other error is a failure the test reports
                 done["errors"].append(f"{type(e).__name__}: {e}")
     results.put((who, done))
+
+
+def open_new(path: str, barrier, results) -> None:
+    """Open (and so create) ``path`` at the same moment as the others, then write."""
+    barrier.wait()
+    try:
+        with agentstate.open(path) as db:
+            db.scope("app", "x").put("k", 1)
+        results.put("ok")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results.put(repr(e))
