@@ -231,25 +231,26 @@ class Store:
     def _connect(self) -> apsw.Connection:
         """A new connection, ready. While another process creates the file, switches it
         to WAL or recovers it, SQLite can answer SQLITE_BUSY at once, without calling the
-        busy handler: opening then starts again, until busy_timeout has passed."""
+        busy handler: opening then starts again, each attempt waiting no longer than what
+        is left of busy_timeout."""
         deadline = time.monotonic() + self.busy_ms / 1000
         pause = 0.001
         while True:
             try:
-                return self._connect_once()
+                return self._connect_once(max(0, int((deadline - time.monotonic()) * 1000)))
             except Busy:
                 if time.monotonic() + pause > deadline:
                     raise
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
 
-    def _connect_once(self) -> apsw.Connection:
+    def _connect_once(self, busy_ms: int) -> apsw.Connection:
         try:
             c = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE, vfs=self.vfs)
         except apsw.Error as e:
             raise StorageError(f"cannot open {self.path}: {e}") from None
         try:
-            c.set_busy_timeout(self.busy_ms)
+            c.set_busy_timeout(busy_ms)  # this attempt's share; its own once it is ready
             c.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             c.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
             if c.readonly("main"):
@@ -271,6 +272,7 @@ class Store:
             c.pragma("temp_store", "MEMORY")
             if version != SCHEMA_VERSION:
                 self._ensure_schema(c)
+            c.set_busy_timeout(self.busy_ms)
         except BaseException as e:
             c.close(True)
             if isinstance(e, apsw.Error):
@@ -579,21 +581,14 @@ class Store:
                 self.housekeeping(c)
         except BaseException as e:
             local.depth = 0
-            try:
-                c.execute("ROLLBACK")
-            except apsw.Error:
-                pass  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
+            _roll_back(c)  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
             _fail([item for item in group if item.error is None], e)
             return
         local.depth = 0
         try:
             c.execute("COMMIT")
         except BaseException as e:
-            try:
-                if c.in_transaction:
-                    c.execute("ROLLBACK")
-            except apsw.Error:
-                pass
+            _roll_back(c)
             _fail([item for item in group if item.error is None], e, commit=True)
 
     def _begin(self, c: apsw.Connection, group: list[_Pending], mine: _Pending) -> bool:

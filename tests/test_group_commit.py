@@ -469,7 +469,10 @@ def test_close_while_threads_write_loses_nothing_acknowledged(tmp_path):
         threads = [threading.Thread(target=write, args=(t,), daemon=True) for t in range(32)]
         for t in threads:
             t.start()
-        time.sleep(random.uniform(0.05, 0.3))
+        deadline = time.monotonic() + 30  # writes under way (a loaded machine starts threads slowly)
+        while len(acked) < 32 and not errors and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(random.uniform(0, 0.2))
         db.close()
         for t in threads:
             t.join(30)

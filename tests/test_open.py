@@ -348,3 +348,24 @@ def test_an_immediate_busy_at_open_is_waited_out(db_path, monkeypatch):
     with agentstate.open(db_path) as db:
         assert db.scope("app", "a").put("k", 1) == 1
     assert len(calls) == 3
+
+
+def test_open_stays_busy_no_longer_than_busy_timeout(db_path, monkeypatch):
+    """The retries at open are bounded: a file that stays busy is Busy after about
+    busy_timeout, not sooner and not never."""
+    import time
+
+    import apsw
+
+    from agentstate._connection import Store
+
+    agentstate.open(db_path).close()
+
+    def always_busy(self, c):
+        raise apsw.BusyError("database is locked")
+
+    monkeypatch.setattr(Store, "_check_header", always_busy)
+    t0 = time.monotonic()
+    with pytest.raises(agentstate.Busy):
+        agentstate.open(db_path, busy_timeout=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 3.0
