@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing as mp
 import re
+import shlex
 import shutil
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -18,9 +22,21 @@ from .conftest import REPO
 SQLITE3 = shutil.which("sqlite3")
 
 
-def readme_queries() -> list[str]:
+def readme_commands() -> list[list[str]]:
     text = (REPO / "README.md").read_text().split("## Reading the file with sqlite3", 1)[1]
-    return re.findall(r'^sqlite3 agentstate\.db "(.*)"$', text, re.M)
+    text = text.split("\n## ", 1)[0]
+    return [shlex.split(line) for line in re.findall(r"^sqlite3 .*$", text, re.M)]
+
+
+def readme_queries() -> list[str]:
+    return [argv[-1] for argv in readme_commands()]
+
+
+def readme_shell() -> list[str]:
+    """The README's shell command without its query: the tests read the file the same way."""
+    prefixes = {tuple(argv[:-1]) for argv in readme_commands()}
+    assert len(prefixes) == 1, prefixes
+    return [SQLITE3, *next(iter(prefixes))[1:]]
 
 
 @pytest.fixture
@@ -40,8 +56,8 @@ def populated(tmp_path):
 
 def shell(folder, sql: str) -> list[list[str]]:
     assert SQLITE3, "the sqlite3 shell must be installed (.ci/run installs it)"
-    r = subprocess.run([SQLITE3, "-bail", "agentstate.db", sql], cwd=folder, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run([*readme_shell(), sql], cwd=folder, capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 0, r.stderr
     return [line.split("|") for line in r.stdout.splitlines()]
 
@@ -72,6 +88,27 @@ def test_readme_queries_while_another_process_writes(populated):
     assert len(biggest) == 5
     sizes = [int(r[3]) for r in biggest]
     assert sizes == sorted(sizes, reverse=True)
+
+
+def test_the_readme_shell_waits_while_the_last_agent_closes(populated):
+    """The last connection to close locks the file while it folds the WAL back in (SQLite's
+    documented behaviour): a bare shell started then fails at once, the README's waits."""
+    folder, _, _ = populated
+    pending = 0x40000000  # SQLite's lock bytes: an exclusive lock holds these 512 from here
+    with open(folder / "agentstate.db", "rb+") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 512, pending)
+        bare = subprocess.run([SQLITE3, "agentstate.db", readme_queries()[0]], cwd=folder,
+                              capture_output=True, text=True, timeout=60)
+        unlock = threading.Timer(0.5, fcntl.lockf, (f, fcntl.LOCK_UN, 512, pending))
+        t0 = time.monotonic()
+        unlock.start()
+        try:
+            rows = shell(folder, readme_queries()[0])
+            waited = time.monotonic() - t0
+        finally:
+            unlock.join()
+    assert bare.returncode != 0 and "database is locked" in bare.stderr
+    assert rows == [["large"]] and waited >= 0.45
 
 
 def test_views_show_values_and_iso_times(populated):

@@ -41,7 +41,9 @@ def soak(db_path: str, seconds: float, n: int = 8) -> dict:
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         for q in SHELL_QUERIES:
-            r = subprocess.run([sqlite3, db_path, q], capture_output=True, text=True, timeout=60)
+            # with the README's busy timeout: the last worker to close locks the file a moment
+            r = subprocess.run([sqlite3, "-cmd", ".timeout 5000", db_path, q], capture_output=True,
+                               text=True, timeout=60)
             assert r.returncode == 0, r.stderr
             shell_reads += 1
     out = dict(results.get(timeout=seconds + 120) for _ in procs)
