@@ -587,8 +587,22 @@ def serve(obj: Ctx, host: str, port: int) -> None:
         token = db.tokens.create("admin", admin=True)
         click.echo(f"No token existed: made one for the admin principal 'admin', shown only now:\n"
                    f"{token}")
+    app = create_app(db)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            app.state.stop_waiting()  # else Ctrl-C waits for every open change stream to end
+            super().handle_exit(sig, frame)
+
     click.echo(f"serving {db.path} on http://{host}:{port} (Ctrl-C stops)", err=True)
-    uvicorn.run(create_app(db), host=host, port=port, log_level="warning", access_log=False)
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                   access_log=False, timeout_graceful_shutdown=10))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises the signal again once it has stopped
+        pass
+    if not server.started:  # the port taken, say: uvicorn has logged why
+        sys.exit(3)
 
 
 @cli.group()

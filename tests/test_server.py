@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import signal
+import threading
 import time
 from urllib.parse import quote
 
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate.cli import cli
 from agentstate.server import create_app
+from agentstate.server.ui._signin import COOKIE
 
 from .conftest import file_digest
 from .serverproc import serve
@@ -427,6 +430,72 @@ def test_streams_that_disconnect_cost_nothing_after(tmp_path):
         assert httpx.get(srv.url + "/v1/health").status_code == 200
     finally:
         srv.stop()
+
+
+def test_ctrl_c_stops_the_server_while_streams_and_long_polls_are_open(tmp_path):
+    """uvicorn waits for every open response before it stops, and a change stream never ends:
+    Ctrl-C must end them (the API's stream and long poll, the page's stream) first."""
+    srv = serve(str(tmp_path / "served.db"))
+    h = {"authorization": f"Bearer {srv.token}"}
+    polls: list = []
+    try:
+        page = httpx.Client(base_url=srv.url)
+        r = page.post("/ui/login", data={"token": srv.token, "next": "/ui"})
+        page.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+        poll = threading.Thread(target=lambda: polls.append(httpx.get(
+            srv.url + "/v1/changes", headers=h, timeout=60,
+            params={"since": 0, "wait": 60, "key": "never"})))
+        with httpx.stream("GET", srv.url + "/v1/changes/stream", headers=h, timeout=60) as api_s, \
+                page.stream("GET", "/ui/stream", timeout=60) as ui_s:
+            api_lines, ui_lines = api_s.iter_lines(), ui_s.iter_lines()
+            next(api_lines), next(ui_lines)  # both connected and waiting
+            poll.start()
+            time.sleep(0.5)  # the long poll is waiting too
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGINT)
+            assert srv.proc.wait(15) == 0  # was: still running after 20 s, until the streams ended
+            stopped = time.monotonic() - t0
+            poll.join(15)
+            assert [x for x in [*api_lines, *ui_lines] if x] == []  # both ended, nothing more
+        assert stopped < 8
+        assert polls[0].status_code == 200 and polls[0].json()["changes"] == []
+    finally:
+        srv.stop()
+
+
+def test_a_long_poll_ends_when_its_client_leaves(db):
+    """A client that gives up on a long poll (wait=30) leaves no request behind in the server:
+    the handler sees the disconnect and returns, it does not wait out the 30 s."""
+    token = db.tokens.create("ops", admin=True)
+    app = create_app(db)
+
+    async def main() -> float:
+        left = asyncio.Event()
+        first = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive():
+            if first:
+                return first.pop()
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            pass
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "http", "path": "/v1/changes", "raw_path": b"/v1/changes",
+                 "root_path": "", "query_string": b"since=0&wait=30&key=never",
+                 "headers": [(b"host", b"t"), (b"authorization", f"Bearer {token}".encode())],
+                 "client": ("127.0.0.1", 1), "server": ("t", 80)}
+        handler = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.sleep(0.5)
+        assert not handler.done()  # it is waiting for a change
+        t0 = time.monotonic()
+        left.set()
+        await asyncio.wait_for(handler, 10)
+        return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 2
 
 
 def test_a_batch_cannot_reach_another_principals_session(api):

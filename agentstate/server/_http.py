@@ -139,6 +139,12 @@ def acting(principal: agentstate.Principal, request: Request) -> agentstate.Prin
     return agentstate.Principal(other)  # InvalidKey for a bad name
 
 
+async def disconnected(request: Request) -> None:
+    """Return once the client has gone (for a request whose body nobody reads: a GET)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def blocking(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a store call in a worker thread: the event loop never waits on the store."""
     return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))

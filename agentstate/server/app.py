@@ -65,6 +65,8 @@ class Notifier:
         self.db = db
         self.event = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closing = False  # the server is stopping: waits end, streams close
 
     async def run(self) -> None:
         while True:
@@ -77,12 +79,27 @@ class Notifier:
             except Exception:  # the store hiccuped (busy, restarted): look again shortly
                 await asyncio.sleep(1.0)
 
-    async def wait(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self.event.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
+    async def wait(self, timeout: float, gone: asyncio.Future[None] | None = None) -> bool:
+        """True at the next change; False after ``timeout``, when ``gone`` is done (the client
+        left) or when the server is stopping."""
+        if self.closing:
             return False
+        woken = asyncio.ensure_future(self.event.wait())
+        try:
+            await asyncio.wait([woken, gone] if gone else [woken], timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+        return woken.done() and not woken.cancelled() and not self.closing
+
+    def stop_waiting(self) -> None:
+        """End every long poll and stream (from any thread, a signal handler too): a server
+        waits for its open responses before it stops, and a change stream never ends."""
+        def close() -> None:
+            self.closing = True
+            self.event.set()
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(close)
 
 
 class API:
@@ -437,15 +454,20 @@ class API:
         wait = h.query_number(request, "wait", 0, MAX_WAIT) or 0.0
         flt, limit = self._feed_args(request)
         deadline = time.monotonic() + wait
-        while True:
-            found = await h.blocking(self.db.changes, since, limit=limit, **flt)
-            shown = await self.visible(p, found)
-            since = found[-1].seq if found else since  # past what was read, shown or not
-            left = deadline - time.monotonic()
-            if shown or left <= 0:
-                return h.JSON({"changes": [_change(c) for c in shown], "last": since})
-            if not found:
-                await self.notifier.wait(min(left, 5.0))  # no connection held meanwhile
+        gone = asyncio.ensure_future(h.disconnected(request)) if wait else None
+        try:
+            while True:
+                found = await h.blocking(self.db.changes, since, limit=limit, **flt)
+                shown = await self.visible(p, found)
+                since = found[-1].seq if found else since  # past what was read, shown or not
+                left = deadline - time.monotonic()
+                if shown or left <= 0 or self.notifier.closing or (gone and gone.done()):
+                    return h.JSON({"changes": [_change(c) for c in shown], "last": since})
+                if not found:  # no connection held meanwhile
+                    await self.notifier.wait(min(left, 5.0), gone)
+        finally:
+            if gone:
+                gone.cancel()
 
     async def changes_head(self, request: Request) -> Response:
         await self.principal(request)
@@ -464,12 +486,12 @@ class API:
         async def events() -> AsyncIterator[bytes]:
             cursor = since
             yield b": agentstate change stream\n\n"
-            while True:
+            while not self.notifier.closing:
                 found = await h.blocking(self.db.changes, cursor, limit=limit, **flt)
                 for c in await self.visible(p, found):
                     yield b"id: %d\ndata: " % c.seq + h.dumps(_change(c)) + b"\n\n"
                 cursor = found[-1].seq if found else cursor
-                if not found and not await self.notifier.wait(15.0):
+                if not found and not await self.notifier.wait(15.0) and not self.notifier.closing:
                     yield b": keep-alive\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
@@ -690,6 +712,7 @@ def create_app(db: agentstate.Database) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        api.notifier.loop = asyncio.get_running_loop()
         api.notifier.task = asyncio.create_task(api.notifier.run())
         try:
             yield
@@ -700,9 +723,11 @@ def create_app(db: agentstate.Database) -> Starlette:
 
     from . import ui
 
-    return Starlette(
+    app = Starlette(
         routes=[Route(r.path, r.handler, methods=[r.method]) for r in routes],
         middleware=[ui.middleware(api)],  # the pages at /ui, beside the API (not in its document)
         exception_handlers={Exception: on_error, AgentStateError: on_error, HTTPException: not_found},
         lifespan=lifespan,
     )
+    app.state.stop_waiting = api.notifier.stop_waiting  # for whoever runs the server (serve)
+    return app
