@@ -215,7 +215,7 @@ def main() -> None:
         return run_server(args.serve, args.db, args.port, args.one_txn, args.durability)
     if args.group_commit:
         return group_commit(args)
-    seconds, levels, repeats = (0.5, (1, 16), 1) if args.quick else (4.0, (1, 16, 64), args.repeats)
+    seconds, levels, repeats = (0.5, (16,), 1) if args.quick else (4.0, (1, 16, 64), args.repeats)
     started = time.time()
     rows = []
     for workload in WORKLOADS:

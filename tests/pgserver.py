@@ -72,6 +72,11 @@ def sweep(bin_dir: str) -> None:
             owner = 0
         if owner and _alive(owner):
             continue
+        try:
+            if not owner and time.time() - os.path.getmtime(folder) < 600:
+                continue  # another test run (a pytest-xdist worker) is making it right now
+        except OSError:
+            continue  # gone already
         data = os.path.join(folder, "data")
         if os.path.exists(os.path.join(data, "postmaster.pid")):
             subprocess.run([*_as_postgres(), os.path.join(bin_dir, "pg_ctl"), "-D", data, "-m",
