@@ -591,8 +591,10 @@ def serve(obj: Ctx, host: str, port: int) -> None:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            app.state.stop_waiting()  # else Ctrl-C waits for every open change stream to end
-            super().handle_exit(sig, frame)
+            try:
+                app.state.notifier.stop_waiting()  # else it waits for every open stream to end
+            finally:
+                super().handle_exit(sig, frame)
 
     click.echo(f"serving {db.path} on http://{host}:{port} (Ctrl-C stops)", err=True)
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning",

@@ -48,12 +48,14 @@ def serve(db: str, timeout: float = 60.0) -> Served:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/v1/health", timeout=2).status_code == 200:
+        if proc.poll() is not None:  # the port taken meanwhile, say
+            raise RuntimeError(f"serve exited: {proc.stderr.read()}")
+        try:  # ours, not whatever took the port: it knows the token it printed
+            if httpx.get(url + "/v1/changes/head", timeout=2,
+                         headers={"authorization": f"Bearer {token}"}).status_code == 200:
                 return Served(url, token, db, proc)
         except httpx.HTTPError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited: {proc.stderr.read()}") from None
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("serve did not answer /v1/health in time")
+    raise RuntimeError("serve did not answer in time")

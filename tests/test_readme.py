@@ -29,7 +29,8 @@ def test_readme_install_and_demo_on_a_clean_copy(tmp_path):
     """`pip install . && agentstate demo` as written, in a new venv on a copy of the tree."""
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", "__pycache__", ".pytest_cache", ".hypothesis", "*.db*", "build", "dist", "*.egg-info"))
+        ".git", "__pycache__", ".pytest_cache", ".hypothesis", "*.db*", "build", "dist", "*.egg-info",
+        ".cache"))  # the frameworks' sdists the suites fetch: 37 MB, and one may be unpacking
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTSTATE_DB", "PYTHONPATH")}

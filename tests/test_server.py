@@ -438,19 +438,26 @@ def test_ctrl_c_stops_the_server_while_streams_and_long_polls_are_open(tmp_path)
     srv = serve(str(tmp_path / "served.db"))
     h = {"authorization": f"Bearer {srv.token}"}
     polls: list = []
+
+    def long_poll() -> None:
+        try:
+            polls.append(httpx.get(srv.url + "/v1/changes", headers=h, timeout=60,
+                                   params={"since": 0, "wait": 60, "key": "never"}))
+        except httpx.HTTPError as e:  # shown by the assertion below
+            polls.append(e)
+
     try:
         page = httpx.Client(base_url=srv.url)
         r = page.post("/ui/login", data={"token": srv.token, "next": "/ui"})
         page.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
-        poll = threading.Thread(target=lambda: polls.append(httpx.get(
-            srv.url + "/v1/changes", headers=h, timeout=60,
-            params={"since": 0, "wait": 60, "key": "never"})))
+        poll = threading.Thread(target=long_poll)
+        poll.start()  # first: it has the streams' two round trips and a second to arrive
         with httpx.stream("GET", srv.url + "/v1/changes/stream", headers=h, timeout=60) as api_s, \
                 page.stream("GET", "/ui/stream", timeout=60) as ui_s:
             api_lines, ui_lines = api_s.iter_lines(), ui_s.iter_lines()
             next(api_lines), next(ui_lines)  # both connected and waiting
-            poll.start()
-            time.sleep(0.5)  # the long poll is waiting too
+            time.sleep(1.0)  # the long poll is waiting too
+            assert polls == []
             t0 = time.monotonic()
             srv.proc.send_signal(signal.SIGINT)
             assert srv.proc.wait(15) == 0  # was: still running after 20 s, until the streams ended
@@ -458,6 +465,7 @@ def test_ctrl_c_stops_the_server_while_streams_and_long_polls_are_open(tmp_path)
             poll.join(15)
             assert [x for x in [*api_lines, *ui_lines] if x] == []  # both ended, nothing more
         assert stopped < 8
+        assert isinstance(polls[0], httpx.Response), polls
         assert polls[0].status_code == 200 and polls[0].json()["changes"] == []
     finally:
         srv.stop()
@@ -496,6 +504,54 @@ def test_a_long_poll_ends_when_its_client_leaves(db):
         return time.monotonic() - t0
 
     assert asyncio.run(main()) < 2
+
+
+def test_a_change_during_a_long_poll_s_read_wakes_it_at_once(db):
+    """Found in review: a change noticed while a long poll read the feed replaced the event
+    before the poll waited on it, so the poll slept its 5 s turn before answering."""
+    token = db.tokens.create("ops", admin=True)
+    app = create_app(db)
+    notifier, read = app.state.notifier, db.changes
+
+    async def main() -> tuple[float, list]:
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:  # what the notifier's own watcher does at a change
+            notifier.event.set()
+            notifier.event = asyncio.Event()
+
+        def changes_then_a_write(*args, **kwargs):
+            found = read(*args, **kwargs)  # nothing yet
+            db.changes = read
+            db.scope("app", "a").put("k", 1)  # lands just after this read...
+            loop.call_soon_threadsafe(fire)  # ...and is noticed before the poll waits
+            time.sleep(0.2)
+            return found
+
+        since = db.last_change()
+        db.changes = changes_then_a_write
+        body, first = [], [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive():
+            if first:
+                return first.pop()
+            await asyncio.Event().wait()  # the client stays
+
+        async def send(message):
+            body.append(message.get("body", b""))
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "http", "path": "/v1/changes", "raw_path": b"/v1/changes",
+                 "root_path": "", "query_string": f"since={since}&wait=30".encode(),
+                 "headers": [(b"host", b"t"), (b"authorization", f"Bearer {token}".encode())],
+                 "client": ("127.0.0.1", 1), "server": ("t", 80)}
+        t0 = time.monotonic()
+        await asyncio.wait_for(app(scope, receive, send), 20)
+        return time.monotonic() - t0, json.loads(b"".join(body))["changes"]
+
+    took, changes = asyncio.run(main())
+    assert [c["key"] for c in changes] == ["k"]
+    assert took < 3  # the old code: 5 s
 
 
 def test_a_batch_cannot_reach_another_principals_session(api):

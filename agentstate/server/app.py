@@ -79,12 +79,14 @@ class Notifier:
             except Exception:  # the store hiccuped (busy, restarted): look again shortly
                 await asyncio.sleep(1.0)
 
-    async def wait(self, timeout: float, gone: asyncio.Future[None] | None = None) -> bool:
-        """True at the next change; False after ``timeout``, when ``gone`` is done (the client
-        left) or when the server is stopping."""
+    async def wait(self, timeout: float, since: asyncio.Event,
+                   gone: asyncio.Future[None] | None = None) -> bool:
+        """True at the first change after ``since`` (the ``event`` taken before the caller's
+        last read, so a change during that read is not missed); False after ``timeout``, when
+        ``gone`` is done (the client left) or when the server is stopping."""
         if self.closing:
             return False
-        woken = asyncio.ensure_future(self.event.wait())
+        woken = asyncio.ensure_future(since.wait())
         try:
             await asyncio.wait([woken, gone] if gone else [woken], timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -457,6 +459,7 @@ class API:
         gone = asyncio.ensure_future(h.disconnected(request)) if wait else None
         try:
             while True:
+                event = self.notifier.event  # before the read: a change during it is not missed
                 found = await h.blocking(self.db.changes, since, limit=limit, **flt)
                 shown = await self.visible(p, found)
                 since = found[-1].seq if found else since  # past what was read, shown or not
@@ -464,7 +467,7 @@ class API:
                 if shown or left <= 0 or self.notifier.closing or (gone and gone.done()):
                     return h.JSON({"changes": [_change(c) for c in shown], "last": since})
                 if not found:  # no connection held meanwhile
-                    await self.notifier.wait(min(left, 5.0), gone)
+                    await self.notifier.wait(min(left, 5.0), event, gone)
         finally:
             if gone:
                 gone.cancel()
@@ -487,11 +490,13 @@ class API:
             cursor = since
             yield b": agentstate change stream\n\n"
             while not self.notifier.closing:
+                event = self.notifier.event  # before the read: a change during it is not missed
                 found = await h.blocking(self.db.changes, cursor, limit=limit, **flt)
                 for c in await self.visible(p, found):
                     yield b"id: %d\ndata: " % c.seq + h.dumps(_change(c)) + b"\n\n"
                 cursor = found[-1].seq if found else cursor
-                if not found and not await self.notifier.wait(15.0) and not self.notifier.closing:
+                if not found and not await self.notifier.wait(15.0, event) \
+                        and not self.notifier.closing:
                     yield b": keep-alive\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
@@ -729,5 +734,5 @@ def create_app(db: agentstate.Database) -> Starlette:
         exception_handlers={Exception: on_error, AgentStateError: on_error, HTTPException: not_found},
         lifespan=lifespan,
     )
-    app.state.stop_waiting = api.notifier.stop_waiting  # for whoever runs the server (serve)
+    app.state.notifier = api.notifier  # serve's Ctrl-C calls its stop_waiting()
     return app

@@ -301,6 +301,7 @@ class UI:
             cursor = since
             yield b"retry: 1000\n\n"
             while not notifier.closing:
+                event = notifier.event  # before the read: a change during it is not missed
                 try:
                     found = await h.blocking(db.changes, cursor, limit=200)
                 except CursorExpired:  # away too long: start again from now
@@ -313,7 +314,7 @@ class UI:
                         continue
                     yield b"id: %d\ndata: " % c.seq + h.dumps(_change(c)) + b"\n\n"
                     cursor = c.seq
-                if not found and not await notifier.wait(15.0) and not notifier.closing:
+                if not found and not await notifier.wait(15.0, event) and not notifier.closing:
                     yield b": keep-alive\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
