@@ -19,7 +19,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import ModuleType
 from typing import Any
 
@@ -31,6 +31,9 @@ Row = tuple[Any, ...]
 def token_digest(token: str) -> str:
     """What is stored of a token: tokens are 256 random bits, so a plain sha256 suffices."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_NO_TURN = nullcontext()
 
 
 class LocalOps:
@@ -86,6 +89,11 @@ class LocalOps:
     def exclusive(self) -> Any:
         """The write lock, so a compare-and-set retried inside cannot lose again."""
         return self.store.write()
+
+    def update_turn(self, kind: str, sid: str, key: str) -> Any:
+        """Held around a whole update(): nothing here (its first try reads a snapshot,
+        outside any lock, and a retry takes the write lock)."""
+        return _NO_TURN
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
                     call: Callable[..., Any]) -> list[Any]:

