@@ -86,3 +86,13 @@ def test_server_benchmark_quick_run(tmp_path: Path) -> None:
     md = (tmp_path / "SERVER.md").read_text(encoding="utf-8")
     for workload in ("get", "put", "append", "turn"):
         assert re.search(rf"\| {workload} \| 16 \| [0-9,]+ \| [0-9,]+ \| [0-9.]+× \|", md), workload
+
+
+def test_busy_benchmark_quick_run() -> None:
+    """``python -m benchmarks.busy --quick`` runs both busy handlers (no target asserted)."""
+    p = subprocess.run([sys.executable, "-m", "benchmarks.busy", "--quick"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for handler in ("SQLite's handler", "capped backoff (shipped)"):
+        assert re.search(rf"\| {re.escape(handler)} \| [0-9,]+ \([0-9,]+–[0-9,]+\) \| [0-9]+ \| [0-9,]+ \| [0-9,]+ \|",
+                         p.stdout), (handler, p.stdout)

@@ -51,7 +51,8 @@ def soak(db_path: str, seconds: float, n: int = 8) -> dict:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * n
     for who, done in out.items():
-        assert done["errors"] == [], (who, done["errors"][:3])  # no Busy, nothing unexpected
+        assert done["errors"] == [], (who, done["errors"][:3])  # nothing unexpected
+        assert done["busy"] == [], (who, done["busy"][:3])  # (operation, seconds waited)
     with agentstate.open(db_path) as db:
         assert db.check() == []
         kv = db.scope("app", "soak")

@@ -128,7 +128,7 @@ def mixed_worker(path: str, who: int, seconds: float, start, results) -> None:
     rnd = random.Random(who)
     alice = agentstate.Principal("alice")
     done = {"inc": 0, "appended": [], "entries": [], "turns": 0, "busy_session": 0,
-            "gaps": 0, "errors": []}
+            "gaps": 0, "errors": [], "busy": []}
     with agentstate.open(path) as db:
         kv = db.scope("app", "soak")
         sid = kv.get("session_id")
@@ -138,6 +138,7 @@ def mixed_worker(path: str, who: int, seconds: float, start, results) -> None:
         while time.monotonic() - t0 < seconds:
             i += 1
             op = rnd.randrange(5)
+            began = time.monotonic()
             try:
                 if op == 0:
                     kv.update("counter", lambda v: v + 1, default=0)
@@ -164,6 +165,8 @@ def mixed_worker(path: str, who: int, seconds: float, start, results) -> None:
                     kv.put(f"k{rnd.randrange(20)}", {"who": who, "i": i})
                     kv.get(f"k{rnd.randrange(20)}")
                     kv.list("k")
+            except agentstate.Busy:  # SPEC §1: after busy_timeout; the test checks the wait
+                done["busy"].append((op, time.monotonic() - began))
             except Exception as e:  # any other error is a failure the test reports
                 done["errors"].append(f"{type(e).__name__}: {e}")
     results.put((who, done))
