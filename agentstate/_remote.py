@@ -25,6 +25,7 @@ from ._encoding import decode
 Row = tuple[Any, ...]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
+TURN_WAIT = 1.0  # seconds an update() waits for its key's turn (update_turn) before going without
 
 _CLASSES: dict[str, type[E.AgentStateError]] = {
     cls.code: cls for cls in (
@@ -167,8 +168,10 @@ class RemoteOps:
         threads x 100 increments of one key, server in the same process: 3,399 lost
         races, 19 s; with turns none, 3.8 s). Correctness never rests on a turn: clients
         elsewhere still race, and the compare-and-set decides. A thread holds one turn
-        at most (an update() inside update()'s function goes without), so two threads
-        can never wait for each other's turn; keys share 64 locks, so memory stays flat.
+        at most (an update() inside update()'s function goes without), and a turn not
+        had within TURN_WAIT is gone without: an update's function that waits for
+        another thread's update, or two clients' updates nested in opposite orders,
+        cost that wait instead of hanging. Keys share 64 locks, so memory stays flat.
         """
         if getattr(self._local, "turn", False):
             return contextlib.nullcontext()
@@ -176,12 +179,14 @@ class RemoteOps:
 
     @contextlib.contextmanager
     def _turn(self, lock: threading.Lock) -> Any:
-        with lock:
-            self._local.turn = True
-            try:
-                yield
-            finally:
-                self._local.turn = False
+        got = lock.acquire(timeout=TURN_WAIT)
+        self._local.turn = True
+        try:
+            yield
+        finally:
+            self._local.turn = False
+            if got:
+                lock.release()
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
                     call: Callable[..., Any]) -> list[Any]:

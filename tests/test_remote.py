@@ -142,3 +142,24 @@ def test_updates_nested_across_keys_never_wait_for_each_other(db):
     assert errors == []
     # each key: its outer update once, and the other's inner one once per run of its function
     assert (s.get("x"), s.get("y")) == (1 + runs["y"], 1 + runs["x"])
+
+
+def test_an_update_whose_function_waits_for_another_thread_s_update_does_not_hang(db):
+    """update()'s function hands an update of the same key to another thread and waits
+    for it: that thread cannot have the key's turn, so it goes without after a second
+    (before, it waited for ever and so did the first). Both increments land."""
+    s = db.scope("agent", "a")
+    inner: list[str] = []
+
+    def fn(n):
+        if not inner:  # the first run only: the function runs again after a lost race
+            inner.append("started")
+            t = threading.Thread(target=lambda: (s.update("x", lambda m: m + 1, default=0),
+                                                 inner.append("done")))
+            t.start()
+            t.join(10)
+        return n + 1
+
+    began = time.monotonic()
+    assert s.update("x", fn, default=0) == 2
+    assert inner == ["started", "done"] and time.monotonic() - began < 8
