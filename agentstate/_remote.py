@@ -12,20 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+from . import _turns
 from . import errors as E
 from ._encoding import decode
 
 Row = tuple[Any, ...]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
-TURN_WAIT = 1.0  # seconds an update() waits for its key's turn (update_turn) before going without
 
 _CLASSES: dict[str, type[E.AgentStateError]] = {
     cls.code: cls for cls in (
@@ -92,8 +91,7 @@ class RemoteOps:
         self._http = httpx.Client(base_url=self.url, timeout=timeout,
                                   headers={"authorization": f"Bearer {token}"})
         self._closed = False
-        self._turns = [threading.Lock() for _ in range(64)]  # update_turn(), by the key's hash
-        self._local = threading.local()
+        self._turns = _turns.locks()  # update_turn()
 
     # -- the transport ----------------------------------------------------------------
 
@@ -163,30 +161,8 @@ class RemoteOps:
         return contextlib.nullcontext()
 
     def update_turn(self, kind: str, sid: str, key: str) -> Any:
-        """One update() of a key at a time in this client. Without turns, threads of one
-        process lose their compare-and-set to each other and retry over and over (8
-        threads x 100 increments of one key, server in the same process: 3,399 lost
-        races, 19 s; with turns none, 3.8 s). Correctness never rests on a turn: clients
-        elsewhere still race, and the compare-and-set decides. A thread holds one turn
-        at most (an update() inside update()'s function goes without), and a turn not
-        had within TURN_WAIT is gone without: an update's function that waits for
-        another thread's update, or two clients' updates nested in opposite orders,
-        cost that wait instead of hanging. Keys share 64 locks, so memory stays flat.
-        """
-        if getattr(self._local, "turn", False):
-            return contextlib.nullcontext()
-        return self._turn(self._turns[hash((kind, sid, key)) % len(self._turns)])
-
-    @contextlib.contextmanager
-    def _turn(self, lock: threading.Lock) -> Any:
-        got = lock.acquire(timeout=TURN_WAIT)
-        self._local.turn = True
-        try:
-            yield
-        finally:
-            self._local.turn = False
-            if got:
-                lock.release()
+        """One update() of a key at a time among this client's threads (``_turns``)."""
+        return _turns.turn(self._turns, (kind, sid, key))
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
                     call: Callable[..., Any]) -> list[Any]:

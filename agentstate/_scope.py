@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
                         encode, encode_items, prefix_ok)
+from ._turns import aturn
 from .errors import Damaged, InvalidValue, NotAList, TooLarge, VersionConflict
 
 if TYPE_CHECKING:
@@ -304,16 +305,17 @@ class Scope:
         ``if_version``; on a conflict, again with the fresh value.
         """
         check_key(key)
-        while True:
-            current, version = await self.aget_versioned(key)
-            new = fn(default if version == 0 else current)
-            if inspect.isawaitable(new):
-                new = await new
-            try:
-                await self.aput(key, new, if_version=version)
-                return new
-            except VersionConflict:
-                continue
+        async with aturn((self.kind, self.id, key)):  # the loop's tasks take turns on a key
+            while True:
+                current, version = await self.aget_versioned(key)
+                new = fn(default if version == 0 else current)
+                if inspect.isawaitable(new):
+                    new = await new
+                try:
+                    await self.aput(key, new, if_version=version)
+                    return new
+                except VersionConflict:
+                    continue
 
 
 class State:

@@ -123,6 +123,85 @@ def test_aupdate_from_many_tasks_and_threads_loses_nothing(db):
     assert kv.get("n") == 80
 
 
+def test_an_event_loop_s_tasks_take_turns_updating_one_key(db, monkeypatch):
+    """8 tasks of one event loop aupdate one key 25 times each: the function runs once
+    per update (1,267 times for 200 before: each task's compare-and-set lost to its
+    siblings and retried). TURN_WAIT made long: on a loaded machine the 7 updates
+    ahead of a task may take over a second, and then it would go without."""
+    monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
+    kv = db.scope("agent", "turns")
+    calls = []
+
+    def inc(n):
+        calls.append(1)
+        return n + 1
+
+    async def one():
+        for _ in range(25):
+            await kv.aupdate("n", inc, default=0)
+
+    async def main():
+        await asyncio.gather(*(one() for _ in range(8)))
+
+    asyncio.run(main())
+    assert len(calls) == 200
+    assert kv.get_versioned("n") == (200, 200)
+
+
+def test_an_aupdate_inside_aupdate_s_function_goes_without_a_turn(db, monkeypatch):
+    """A task holds one turn at most: an aupdate of the same key inside aupdate's
+    function, or in a task it starts and awaits, must not wait for the outer turn (a
+    deadlock, caught here with TURN_WAIT made longer than the test's wait)."""
+    monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
+    kv = db.scope("agent", "nested")
+    runs = []
+
+    async def outer(n):
+        runs.append(n)
+        if len(runs) == 1:  # the first run only: the write then loses to the inner ones
+            await kv.aupdate("x", lambda m: m + 1, default=0)
+            await asyncio.create_task(kv.aupdate("x", lambda m: m + 10, default=0))
+        return n + 100
+
+    async def main():
+        return await asyncio.wait_for(kv.aupdate("x", outer, default=0), 30)
+
+    assert asyncio.run(main()) == 111
+    assert runs == [0, 11] and kv.get("x") == 111
+
+
+def test_an_aupdate_whose_function_waits_for_another_task_s_aupdate_does_not_hang(db):
+    """aupdate's function waits for another task, started earlier, to aupdate the same
+    key: that task cannot have the key's turn, so it goes without after TURN_WAIT (1 s)
+    and both increments land."""
+    kv = db.scope("agent", "waits")
+
+    async def main():
+        go, done = asyncio.Event(), asyncio.Event()
+
+        async def other():
+            await go.wait()
+            await kv.aupdate("x", lambda m: m + 1, default=0)
+            done.set()
+
+        helper = asyncio.create_task(other())
+
+        async def fn(n):
+            if not go.is_set():  # the first run only: it runs again after losing
+                go.set()
+                await asyncio.wait_for(done.wait(), 10)
+            return n + 1
+
+        began = time.monotonic()
+        result = await kv.aupdate("x", fn, default=0)
+        await helper
+        return result, time.monotonic() - began
+
+    result, took = asyncio.run(main())
+    assert result == 2 and kv.get("x") == 2
+    assert 0.9 < took < 8  # it waited out TURN_WAIT, not the function's 10 s
+
+
 def test_async_twins_never_block_the_event_loop(db):
     """While another connection holds the writers back, an aput waits without stopping the loop."""
     kv = db.scope("app", "a")
