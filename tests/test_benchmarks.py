@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import agentstate
+
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = ["put", "get", "update", "contention", "append", "history", "list", "coldopen"]
 NUM = r"[0-9][0-9,.]*(?: ms)?"
@@ -96,3 +98,25 @@ def test_busy_benchmark_quick_run() -> None:
     for handler in ("SQLite's handler", "capped backoff (shipped)"):
         assert re.search(rf"\| {re.escape(handler)} \| [0-9,]+ \([0-9,]+–[0-9,]+\) \| [0-9]+ \| [0-9,]+ \| [0-9,]+ \|",
                          p.stdout), (handler, p.stdout)
+
+
+def test_layout_benchmark_quick_run(tmp_path) -> None:
+    """``python -m benchmarks.layout --quick`` rebuilds kv WITHOUT ROWID and measures both
+    layouts through agentstate (no target asserted); the rebuilt file is still one that
+    agentstate opens and checks clean, or the comparison would be of a broken store."""
+    from benchmarks import layout
+
+    path = str(tmp_path / "wr.db")
+    agentstate.open(path).close()
+    layout._without_rowid(path)
+    with agentstate.open(path) as db:
+        db.scope("app", "a").put("k", {"v": 1})
+        assert db.check() == [] and db.scope("app", "a").get("k") == {"v": 1}
+        assert "WITHOUT ROWID" in db._store.conn().execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'kv'").fetchone()[0]
+    p = subprocess.run([sys.executable, "-m", "benchmarks.layout", "--quick", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    md = (tmp_path / "LAYOUT.md").read_text(encoding="utf-8")
+    for size in ("150", "1,500", "3,000"):
+        assert re.search(rf"\| {size} B \| without rowid \| [0-9.]+ \([0-9.]+×\) \|", md), (size, md)
