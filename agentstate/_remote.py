@@ -91,7 +91,7 @@ class RemoteOps:
         self._http = httpx.Client(base_url=self.url, timeout=timeout,
                                   headers={"authorization": f"Bearer {token}"})
         self._closed = False
-        self._turns = _turns.locks()  # update_turn()
+        self._turns = _turns.Turns()  # update_turn()
 
     # -- the transport ----------------------------------------------------------------
 
@@ -162,7 +162,7 @@ class RemoteOps:
 
     def update_turn(self, kind: str, sid: str, key: str) -> Any:
         """One update() of a key at a time among this client's threads (``_turns``)."""
-        return _turns.turn(self._turns, (kind, sid, key))
+        return self._turns.turn((kind, sid, key))
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
                     call: Callable[..., Any]) -> list[Any]:

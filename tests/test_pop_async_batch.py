@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 
 import apsw
@@ -199,7 +201,157 @@ def test_an_aupdate_whose_function_waits_for_another_task_s_aupdate_does_not_han
 
     result, took = asyncio.run(main())
     assert result == 2 and kv.get("x") == 2
-    assert 0.9 < took < 8  # it waited out TURN_WAIT, not the function's 10 s
+    assert 0.9 * agentstate._turns.TURN_WAIT < took < 8  # it waited out TURN_WAIT, not the function's 10 s
+
+
+def test_a_task_updating_again_at_once_is_bounded_by_turn_wait_too(db):
+    """A task that aupdates a key again right after its turn ends finds the lock free
+    but a woken waiter ahead of it; that wait is bounded like any other. Here the
+    waiter's function waits for that second update: both finish after ~TURN_WAIT
+    (an unbounded acquire on a free lock hung for ever)."""
+    kv = db.scope("agent", "again")
+
+    async def main():
+        second_done, first_turn = asyncio.Event(), asyncio.Event()
+
+        async def first(n):
+            first_turn.set()
+            await asyncio.sleep(0.2)  # the other task comes to wait for the turn
+            return n + 1
+
+        async def holder():
+            await kv.aupdate("x", first, default=0)
+            await kv.aupdate("x", lambda n: n + 1, default=0)  # again, at once
+            second_done.set()
+
+        async def waits_for_the_second(n):
+            await second_done.wait()
+            return n + 10
+
+        async def waiter():
+            await first_turn.wait()
+            await kv.aupdate("x", waits_for_the_second, default=0)
+
+        await asyncio.wait_for(asyncio.gather(holder(), waiter()), 20)
+
+    asyncio.run(main())
+    assert kv.get("x") == 12
+
+
+def test_a_task_cancelled_while_waiting_for_a_turn_is_cancelled(db, monkeypatch):
+    """Cancelled in the very step its turn is granted, a waiting aupdate raises
+    CancelledError and writes nothing (asyncio.wait_for on 3.11 swallowed that cancel:
+    the update ran and the task went on)."""
+    monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
+    kv = db.scope("agent", "cancel")
+    after: list[str] = []
+
+    async def main():
+        holding, release = asyncio.Event(), asyncio.Event()
+        waiter_task: asyncio.Task | None = None
+
+        async def held(n):
+            holding.set()
+            await release.wait()
+            return n + 1
+
+        async def holder():
+            await kv.aupdate("x", held, default=0)
+            waiter_task.cancel()  # the turn was just handed to the waiter
+
+        async def waiter():
+            await holding.wait()
+            await kv.aupdate("x", lambda n: n + 100, default=0)
+            after.append("went on")
+
+        waiter_task = asyncio.create_task(waiter())
+        h = asyncio.create_task(holder())
+        await holding.wait()
+        await asyncio.sleep(0.05)  # the waiter is queued for the turn
+        release.set()
+        await h
+        with pytest.raises(asyncio.CancelledError):
+            await waiter_task
+
+    asyncio.run(main())
+    assert after == [] and kv.get("x") == 1
+
+
+def test_an_unrelated_key_never_waits_for_a_slow_update(db, monkeypatch):
+    """A slow aupdate (an LLM call in its function) holds its key's turn only: another
+    key's aupdate goes at once. (Striped over 64 locks, a key whose hash shared the
+    slow one's stripe waited out TURN_WAIT; this test uses such a key.)"""
+    monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
+    kv = db.scope("agent", "slow")
+    other = next(f"counter{i}" for i in range(100_000)
+                 if hash(("agent", "slow", f"counter{i}")) % 64 == hash(("agent", "slow", "summary")) % 64)
+
+    async def main():
+        started = asyncio.Event()
+
+        async def summarise(text):
+            started.set()
+            await asyncio.sleep(3)
+            return "summary"
+
+        slow = asyncio.create_task(kv.aupdate("summary", summarise, default=""))
+        await started.wait()
+        t0 = time.monotonic()
+        await kv.aupdate(other, lambda n: n + 1, default=0)
+        took = time.monotonic() - t0
+        slow.cancel()
+        return took
+
+    assert asyncio.run(main()) < 1.5 and kv.get(other) == 1
+
+
+def test_tasks_started_inside_a_turn_take_turns_once_it_is_over(db, monkeypatch):
+    """Workers started inside an aupdate's function (a lazy start-up) inherit its turn
+    while it lasts, and take turns like any task once it is over: 8 of them x 25
+    aupdates run the function 200 times (1,237 when the inherited turn never ended)."""
+    monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
+    kv = db.scope("agent", "workers")
+    calls = []
+
+    def inc(n):
+        calls.append(1)
+        return n + 1
+
+    async def worker():
+        await asyncio.sleep(0.1)  # after the turn that started it
+        for _ in range(25):
+            await kv.aupdate("n", inc, default=0)
+
+    async def main():
+        workers = []
+
+        def start(v):
+            workers.extend(asyncio.create_task(worker()) for _ in range(8))
+            return v + 1
+
+        await kv.aupdate("boot", start, default=0)
+        await asyncio.gather(*workers)
+
+    asyncio.run(main())
+    assert len(calls) == 200 and kv.get("n") == 200
+
+
+def test_turns_keep_no_event_loop_alive(db):
+    """Programs that asyncio.run() per job: a loop whose tasks waited for turns is freed
+    when it ends (a lock that has had a waiter refers to its loop, so locks kept per
+    loop kept every such loop)."""
+    kv = db.scope("agent", "loops")
+    loops = []
+
+    async def main():
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await asyncio.gather(*(kv.aupdate("n", lambda n: n + 1, default=0) for _ in range(4)))
+
+    for _ in range(5):
+        asyncio.run(main())
+    gc.collect()
+    assert [r for r in loops if r() is not None] == []
+    assert kv.get("n") == 20
 
 
 def test_async_twins_never_block_the_event_loop(db):

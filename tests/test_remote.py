@@ -112,6 +112,31 @@ def test_a_client_s_threads_take_turns_updating_one_key(db, monkeypatch):
     assert s.get_versioned("n") == (200, 200)
 
 
+def test_an_unrelated_key_never_waits_for_a_client_s_slow_update(db, monkeypatch):
+    """A thread's slow update() (an LLM call in its function) holds its key's turn only:
+    another thread's update of another key goes at once. (Striped over 64 locks, a key
+    whose hash shared the slow one's stripe waited for it; this test uses such a key.)"""
+    monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
+    s = db.scope("agent", "slow")
+    other = next(f"counter{i}" for i in range(100_000)
+                 if hash(("agent", "slow", f"counter{i}")) % 64 == hash(("agent", "slow", "summary")) % 64)
+    started = threading.Event()
+
+    def summarise(text):
+        started.set()
+        time.sleep(2)
+        return "summary"
+
+    slow = threading.Thread(target=s.update, args=("summary", summarise), kwargs={"default": ""})
+    slow.start()
+    assert started.wait(10)
+    t0 = time.monotonic()
+    s.update(other, lambda n: n + 1, default=0)
+    took = time.monotonic() - t0
+    slow.join(30)
+    assert took < 1.5 and s.get(other) == 1 and s.get("summary") == "summary"
+
+
 def test_updates_nested_across_keys_never_wait_for_each_other(db, monkeypatch):
     """Thread A updates x and, inside, y; thread B updates y and, inside, x. Both hold
     their outer key's turn when they reach the inner update: neither may wait for the
