@@ -99,6 +99,13 @@ _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Key, list[Any]
 _made = threading.Lock()  # loops run in different threads; each loop's own dict is its thread's
 
 
+def _freer(lock: asyncio.Lock, loop: asyncio.AbstractEventLoop) -> Any:
+    def free() -> None:
+        if not loop.is_closed():  # a task the GC closes after its loop: nobody to wake
+            lock.release()
+    return free
+
+
 @contextlib.asynccontextmanager
 async def aturn(key: Key) -> AsyncIterator[None]:
     """aupdate()'s turn among the tasks of the running event loop. Without it, 8 tasks
@@ -111,6 +118,10 @@ async def aturn(key: Key) -> AsyncIterator[None]:
     keys = _loops.get(loop)
     if keys is None:
         with _made:
+            # A loop closed while a task waited here is referred to by that waiter's
+            # lock, so its weak key would never go: drop the dicts of closed loops.
+            for closed in [other for other in _loops if other.is_closed()]:
+                _loops.pop(closed, None)
             keys = _loops.setdefault(loop, {})
     entry = keys.get(key)
     if entry is None:
@@ -120,16 +131,24 @@ async def aturn(key: Key) -> AsyncIterator[None]:
         lock = entry[0]
         if entry[1] == 1:  # no other task holds or waits for this key: granted at once
             await lock.acquire()
-            release = lock.release
+            release = _freer(lock, loop)
         else:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # lands as the lock is granted. (A free lock may still have a waiter woken
+            # ahead of us: only the count above says none.)
+            task = asyncio.current_task()
+            cancels = task.cancelling() if task is not None else 0
+            bound = asyncio.timeout(TURN_WAIT)
             try:
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
-                # that lands as the lock is granted. (A free lock may still have a
-                # waiter woken ahead of us: only the count above says none.)
-                async with asyncio.timeout(TURN_WAIT):
+                async with bound:
                     await lock.acquire()
-                release = lock.release
-            except TimeoutError:
+                release = _freer(lock, loop)
+            except (TimeoutError, asyncio.CancelledError):
+                # Python 3.11.0-3.11.2 raise the bound's own cancel as CancelledError in
+                # a task being cancelled already (cleanup in an except clause): only a
+                # cancel beyond the bound's is the caller's.
+                if not bound.expired() or (task is not None and task.cancelling() > cancels):
+                    raise
                 release = _nothing
         with _holding(release):
             yield

@@ -317,23 +317,90 @@ def test_tasks_started_inside_a_turn_take_turns_once_it_is_over(db, monkeypatch)
         calls.append(1)
         return n + 1
 
-    async def worker():
-        await asyncio.sleep(0.1)  # after the turn that started it
-        for _ in range(25):
-            await kv.aupdate("n", inc, default=0)
-
     async def main():
-        workers = []
+        workers, booted = [], asyncio.Event()
+
+        async def worker():
+            await booted.wait()  # the turn that started it is over
+            for _ in range(25):
+                await kv.aupdate("n", inc, default=0)
 
         def start(v):
             workers.extend(asyncio.create_task(worker()) for _ in range(8))
             return v + 1
 
         await kv.aupdate("boot", start, default=0)
+        booted.set()
         await asyncio.gather(*workers)
 
     asyncio.run(main())
     assert len(calls) == 200 and kv.get("n") == 200
+
+
+def test_a_cancelled_task_s_cleanup_aupdate_goes_without_a_turn_it_cannot_get(db):
+    """A task being cancelled records its status in its except clause, on a key another
+    task holds for longer than TURN_WAIT: the update goes without the turn and lands
+    (on Python 3.11.0-3.11.2 asyncio.timeout raised its own expiry there as
+    CancelledError: the update was lost)."""
+    kv = db.scope("agent", "cleanup")
+    log: list[str] = []
+
+    async def main():
+        held = asyncio.Event()
+
+        async def slow(v):
+            held.set()
+            await asyncio.sleep(1.5 * agentstate._turns.TURN_WAIT)  # an LLM call
+            return v
+
+        async def worker():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await kv.aupdate("status", lambda v: "cancelled", default="")
+                log.append("recorded")
+                raise
+
+        holder = asyncio.create_task(kv.aupdate("status", slow, default="running"))
+        w = asyncio.create_task(worker())
+        await held.wait()
+        w.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await w
+        await holder
+
+    asyncio.run(main())
+    assert log == ["recorded"]
+
+
+def test_a_loop_closed_while_a_task_waits_for_a_turn_is_not_kept(db):
+    """run_until_complete then close(), with a task still queued for a turn: the next
+    loop that takes turns lets the closed one go (its waiter's lock refers to it)."""
+    kv = db.scope("agent", "closed")
+    loops = []
+    for _ in range(3):
+        loop = asyncio.new_event_loop()
+        loops.append(weakref.ref(loop))
+
+        async def hold_and_queue():
+            held, release = asyncio.Event(), asyncio.Event()
+
+            async def holding(v):
+                held.set()
+                await release.wait()
+                return v + 1
+
+            asyncio.ensure_future(kv.aupdate("k", holding, default=0))
+            await held.wait()
+            asyncio.ensure_future(kv.aupdate("k", lambda v: v + 1, default=0))
+            await asyncio.sleep(0.05)  # the second one waits for the turn
+
+        loop.run_until_complete(hold_and_queue())
+        loop.close()  # the holder and the waiter never finish
+        del loop
+    asyncio.run(kv.aupdate("other", lambda v: v + 1, default=0))  # a later loop's turn
+    gc.collect()
+    assert [r for r in loops if r() is not None] == []
 
 
 def test_turns_keep_no_event_loop_alive(db):
