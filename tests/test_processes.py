@@ -79,4 +79,4 @@ def test_a_long_waiter_takes_the_lock_soon_after_it_is_freed(db_path):
             lags.append(done[0] - freed)
         other.close()
         assert s.get("k") == 4
-    assert statistics.median(lags) < 0.025, lags
+    assert statistics.median(lags) < 0.045, lags  # ~5-11 ms here; SQLite's handler ~90 ms
