@@ -703,13 +703,11 @@ class _Pending:
 
 class _Patience:
     """The busy handler: try the lock again until ``ms`` after the first try, sleeping a
-    random 0.5-1x of min(cap, 0.5 ms x 2^tries) in between; the cap is 20 ms while more
-    than half of the wait is left, 5 ms after. SQLite's own handler sleeps 100 ms a try
-    once a wait is long, so a long waiter tries ten times a second while newcomers try
-    every millisecond: among 8 processes writing flat out one could lose every try until
-    its busy_timeout. Here the waiters nearest their timeout try most often; and the
-    others' 20 ms leave the CPU to the writer holding the lock (a 5 ms cap throughout
-    halved 32 processes' writes on 2 cores). benchmarks/BUSY.md has the figures."""
+    random 0.5-1x of min(5 ms, 0.5 ms x 2^tries) in between. SQLite's own handler sleeps
+    100 ms a try once a wait is long, so a long waiter tries ten times a second while
+    newcomers try every millisecond: among 8 processes writing flat out one could lose
+    every try until its busy_timeout (benchmarks/BUSY.md: 16 Busy in 6 s at busy_timeout
+    1 s, the slowest process 986 writes; with this none, 1,640; writes/s 0.86-0.98x)."""
 
     __slots__ = ("ms", "t0")
 
@@ -723,8 +721,7 @@ class _Patience:
         left = self.t0 + self.ms / 1000 - now
         if left <= 0:
             return False
-        cap = 0.005 if left * 2000 < self.ms else 0.020
-        time.sleep(min(left, (0.5 + random.random() / 2) * min(cap, 0.0005 * 2 ** min(tries, 6))))
+        time.sleep(min(left, (0.5 + random.random() / 2) * min(0.005, 0.0005 * 2 ** min(tries, 4))))
         return True
 
 

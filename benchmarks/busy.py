@@ -1,6 +1,6 @@
-"""Processes waiting for one file's write lock: SQLite's busy handler beside agentstate's.
+"""Processes waiting for one file's write lock: SQLite's busy handler beside a fairer one.
 
-    python -m benchmarks.busy              # the full run (~5 min), writes BUSY.md
+    python -m benchmarks.busy              # the full run (~1.5 min), writes BUSY.md
     python -m benchmarks.busy --quick      # a smoke run (seconds), prints the table
 
 Each of N processes puts a small value to a key of its own as fast as it can
@@ -13,13 +13,9 @@ busy_timeout), the fewest writes any one process made, and the longest wait.
   5, 10 ... then 100 ms between tries. A waiter that has waited a while tries
   ten times a second while a newcomer tries every millisecond, so a long waiter
   keeps losing: one process can starve until its busy_timeout.
-- a 5 ms cap (agentstate's first handler of its own): sleeps a random 0.5-1x of
-  min(5 ms, 0.5 ms x 2^tries), so every waiter keeps trying often. No starved
-  process, but with many processes on few cores the waiters' wakeups take the
-  CPU from the writer holding the lock.
-- as shipped (``agentstate._connection._Patience``): the same, capped at 20 ms
-  while more than half of the busy_timeout is left and 5 ms after, so the
-  waiters nearest their timeout try most often and the rest wake less.
+- capped backoff (``agentstate._connection._Patience``, as shipped): sleeps a
+  random 0.5-1x of min(5 ms, 0.5 ms x 2^tries), so every waiter keeps trying
+  often.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -35,30 +30,11 @@ import time
 
 
 import agentstate
-from agentstate import _connection
 
 from . import stamp
 
 
-class _Cap5(_connection._Patience):
-    """agentstate's first handler: a 5 ms cap throughout."""
-
-    __slots__ = ()
-
-    def __call__(self, tries: int) -> bool:
-        now = time.monotonic()
-        if tries == 0:
-            self.t0 = now
-        left = self.t0 + self.ms / 1000 - now
-        if left <= 0:
-            return False
-        time.sleep(min(left, (0.5 + random.random() / 2) * min(0.005, 0.0005 * 2 ** min(tries, 4))))
-        return True
-
-
 def _writer(path: str, handler: str, seconds: float, busy_timeout: float, start, out) -> None:
-    if handler == "cap5":
-        _connection._Patience = _Cap5  # installed by every open and lock wait from here on
     db = agentstate.open(path, busy_timeout=busy_timeout)
     if handler == "sqlite":  # agentstate's own (_Patience) replaced by SQLite's
         db._store.conn().set_busy_timeout(int(busy_timeout * 1000))
@@ -97,42 +73,38 @@ def run_once(handler: str, procs: int, seconds: float, busy_timeout: float) -> d
             "fewest": min(g[0] for g in got), "longest": max(g[2] for g in got) * 1000}
 
 
-NAMES = {"sqlite": "SQLite's handler", "cap5": "5 ms cap", "shipped": "as shipped"}
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 processes, 0.3 s, one round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--processes", default="8,32", help="comma-separated process counts")
+    ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--busy-timeout", type=float, default=1.0)
     ap.add_argument("--out", default=None, help="write BUSY.md into this folder")
     a = ap.parse_args(argv)
     if a.quick:
-        a.rounds, a.seconds, a.processes = 1, 0.3, "2"
-    counts = [int(n) for n in a.processes.split(",")]
+        a.rounds, a.seconds, a.processes = 1, 0.3, 2
     t0, load0 = time.time(), os.getloadavg()
-    lines = ["| processes | busy handler | writes/s (min–max) | Busy errors | fewest writes of one process | longest wait, ms |",
-             "|---|---|---|---|---|---|"]
-    for procs in counts:
-        res: dict[str, list[dict[str, float]]] = {h: [] for h in NAMES}
-        for r in range(a.rounds):  # alternating, so all meet the same machine weather
-            for handler in (list(NAMES) if r % 2 == 0 else list(NAMES)[::-1]):
-                res[handler].append(run_once(handler, procs, a.seconds, a.busy_timeout))
-        for h, rs in res.items():
-            m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-            lo, hi = min(r["rate"] for r in rs), max(r["rate"] for r in rs)
-            lines.append(f"| {procs} | {NAMES[h]} | {m['rate']:,.0f} ({lo:,.0f}–{hi:,.0f}) | {m['busy']:g} | "
-                         f"{m['fewest']:,.0f} | {m['longest']:,.0f} |")
+    res: dict[str, list[dict[str, float]]] = {"sqlite": [], "capped": []}
+    for _ in range(a.rounds):  # alternating, so both meet the same machine weather
+        for handler in res:
+            res[handler].append(run_once(handler, a.processes, a.seconds, a.busy_timeout))
+    names = {"sqlite": "SQLite's handler", "capped": "capped backoff (shipped)"}
+    med = {h: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for h, rs in res.items()}
+    lines = ["| busy handler | writes/s (min–max) | Busy errors | fewest writes of one process | longest wait, ms |",
+             "|---|---|---|---|---|"]
+    for h, m in med.items():
+        lo, hi = min(r["rate"] for r in res[h]), max(r["rate"] for r in res[h])
+        lines.append(f"| {names[h]} | {m['rate']:,.0f} ({lo:,.0f}–{hi:,.0f}) | {m['busy']:g} | "
+                     f"{m['fewest']:,.0f} | {m['longest']:,.0f} |")
     text = "\n".join(lines)
     print(text)
     if a.out:
-        doc = f"""# Processes waiting for the write lock: SQLite's busy handler beside agentstate's
+        doc = f"""# Processes waiting for the write lock: SQLite's busy handler beside a fairer one
 
 {stamp.generated('python -m benchmarks.busy', t0, load0)}
 
-Each of {a.processes.replace(",", " or ")} processes puts a small value to a key of its own as fast as it can for {a.seconds:g} s at durability full, busy_timeout {a.busy_timeout:g} s; medians of {a.rounds} rounds, the handlers alternating.
+{a.processes} processes each put a small value to a key of their own as fast as they can for {a.seconds:g} s at durability full, busy_timeout {a.busy_timeout:g} s; medians of {a.rounds} rounds, the two handlers alternating.
 
 {text}
 
