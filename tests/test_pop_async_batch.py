@@ -125,6 +125,17 @@ def test_aupdate_from_many_tasks_and_threads_loses_nothing(db):
     assert kv.get("n") == 80
 
 
+def counting_increment():
+    """An update function that adds 1, and the list that counts its runs."""
+    calls: list[int] = []
+
+    def inc(n):
+        calls.append(1)
+        return n + 1
+
+    return calls, inc
+
+
 def test_an_event_loop_s_tasks_take_turns_updating_one_key(db, monkeypatch):
     """8 tasks of one event loop aupdate one key 25 times each: the function runs once
     per update (1,267 times for 200 before: each task's compare-and-set lost to its
@@ -132,11 +143,7 @@ def test_an_event_loop_s_tasks_take_turns_updating_one_key(db, monkeypatch):
     ahead of a task may take over a second, and then it would go without."""
     monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
     kv = db.scope("agent", "turns")
-    calls = []
-
-    def inc(n):
-        calls.append(1)
-        return n + 1
+    calls, inc = counting_increment()
 
     async def one():
         for _ in range(25):
@@ -311,11 +318,7 @@ def test_tasks_started_inside_a_turn_take_turns_once_it_is_over(db, monkeypatch)
     aupdates run the function 200 times (1,237 when the inherited turn never ended)."""
     monkeypatch.setattr(agentstate._turns, "TURN_WAIT", 120.0)
     kv = db.scope("agent", "workers")
-    calls = []
-
-    def inc(n):
-        calls.append(1)
-        return n + 1
+    calls, inc = counting_increment()
 
     async def main():
         workers, booted = [], asyncio.Event()
