@@ -21,6 +21,18 @@ def test_four_processes_update_one_counter(db_path):
         assert db.scope("agent", "shared").get_versioned("counter") == (2000, 2000)
 
 
+def test_four_processes_of_event_loop_tasks_aupdate_one_counter(db_path):
+    """4 processes x 6 asyncio tasks x 40 aupdate() increments end at exactly 960: the
+    tasks of a process take turns on the key, the processes race and the compare-and-set
+    decides. A function runs again only when another process wrote first."""
+    agentstate.open(db_path).close()
+    got = workers.race(workers.aincrement, lambda w: (db_path, 6, 40))
+    assert [errors for errors, _ in got] == [0, 0, 0, 0]
+    with agentstate.open(db_path) as db:
+        assert db.scope("agent", "shared").get_versioned("counter") == (960, 960)
+    assert all(runs >= 240 for _, runs in got)
+
+
 def test_four_processes_append_to_one_list(db_path):
     """4 x 250 appends: all 1,000 items, each once, each process's items in its order."""
     agentstate.open(db_path).close()

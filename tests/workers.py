@@ -36,6 +36,38 @@ def increment(path: str, n: int, start, results) -> None:
     results.put(errors)
 
 
+def aincrement(path: str, tasks: int, n: int, start, results) -> None:
+    """``tasks`` asyncio tasks each aupdate() the shared counter ``n`` times (half of them
+    with an async function); puts (errors, how often the function ran)."""
+    import asyncio
+
+    start.wait()
+    runs = [0]
+
+    def plain(v):
+        runs[0] += 1
+        return v + 1
+
+    async def awaited(v):
+        await asyncio.sleep(0)
+        return plain(v)
+
+    async def main(s):
+        async def one(fn):
+            errors = 0
+            for _ in range(n):
+                try:
+                    await s.aupdate("counter", fn, default=0)
+                except Exception:
+                    errors += 1
+            return errors
+        return sum(await asyncio.gather(*(one(awaited if t % 2 else plain) for t in range(tasks))))
+
+    with agentstate.open(path) as db:
+        errors = asyncio.run(main(db.scope("agent", "shared")))
+    results.put((errors, runs[0]))
+
+
 def append(path: str, who: int, n: int, start, results) -> None:
     start.wait()
     errors = 0
