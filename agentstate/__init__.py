@@ -6,7 +6,8 @@ One SQLite file in WAL mode; many local processes share it safely.
 from ._batch import Batch
 from ._changes import Change
 from ._database import Database, open
-from ._remote import connect
+from .backends.base import KEEP
+from .backends.remote import connect
 from ._runs import Record, RunHead, RunStore, SavedState
 from ._sessions import Principal, SessionInfo, Sessions, Turn
 from ._scope import Appended, Scope, State, Versioned
@@ -59,6 +60,7 @@ __all__ = [
     "SavedState",
     "HistoryGap",
     "InvalidKey",
+    "KEEP",
     "InvalidTransition",
     "InvalidValue",
     "NotAList",

@@ -15,7 +15,6 @@ from .errors import InvalidValue
 
 TOPICS = ("kv", "run", "session")
 MAX_LIMIT = 10_000
-SETTINGS = ("feed_retention",)  # SPEC §10; their defaults live with the store
 
 
 class Change(NamedTuple):

@@ -9,13 +9,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _changes, _sqlite
-from ._changes import SETTINGS, Change
-from ._connection import default_path, fs_path
+from . import _changes
 from ._batch import Batch
-from ._encoding import check_key
+from ._changes import Change
+from ._encoding import check_key, fs_path
 from ._scope import Scope, State
-from ._sessions import Principal
+from ._runs import RunStore
+from ._sessions import Principal, Sessions
+from .backends.base import SETTINGS, Ops
 from .errors import InvalidValue, UsageError
 
 
@@ -37,11 +38,10 @@ class Database:
     backend it runs on.
     """
 
-    def __init__(self, ops: Any, options: Any = None) -> None:
+    def __init__(self, ops: Ops) -> None:
         self._ops = ops
-        self.options = options
-        self._runs: Any = None
-        self._sessions: Any = None
+        self._runs: RunStore | None = None
+        self._sessions: Sessions | None = None
 
     @property
     def path(self) -> str:
@@ -54,7 +54,7 @@ class Database:
 
     @property
     def _store(self) -> Any:  # the connection manager of a local backend (tests reach for it)
-        return self._ops.store
+        return getattr(self._ops, "store")
 
     def __repr__(self) -> str:
         return f"<agentstate.Database {self.path!r}{' closed' if self._ops.closed else ''}>"
@@ -152,22 +152,18 @@ class Database:
         return Tokens(self._ops)
 
     @property
-    def runs(self) -> Any:
+    def runs(self) -> RunStore:
         """The run store (history entries and snapshots), SPEC §3."""
         self._check_open()
         if self._runs is None:
-            from ._runs import RunStore
-
             self._runs = RunStore(self._ops)
         return self._runs
 
     @property
-    def sessions(self) -> Any:
+    def sessions(self) -> Sessions:
         """Sessions and turns, SPEC §4."""
         self._check_open()
         if self._sessions is None:
-            from ._sessions import Sessions
-
             self._sessions = Sessions(self._ops)
         return self._sessions
 
@@ -226,7 +222,7 @@ def open(
     :raises Damaged: the file is not an agentstate database.
     :raises StorageError: the file cannot be opened for writing.
     """
-    target = path if path is not None else default_path()
+    target = path if path is not None else (os.environ.get("AGENTSTATE_DB") or "agentstate.db")
     if isinstance(target, str) and is_server_url(target):
         return _open_server(target, durability, busy_timeout)
     if isinstance(target, str) and target.startswith(("http://", "https://")):
@@ -241,8 +237,10 @@ def open(
         )
     except (ValidationError, TypeError) as e:
         raise InvalidValue(f"bad open() argument: {e}") from None
-    return Database(_sqlite.connect(options.path, options.durability, options.busy_timeout,
-                                    options.vfs), options)
+    from .backends import sqlite
+
+    return Database(sqlite.connect(options.path, options.durability, options.busy_timeout,
+                                   options.vfs))
 
 
 def is_server_url(target: str) -> bool:
@@ -255,18 +253,18 @@ def _open_server(url: str, durability: str, busy_timeout: float) -> Database:
     except (ValidationError, TypeError) as e:
         raise InvalidValue(f"bad open() argument: {e}") from None
     try:
-        from . import _postgres
+        from .backends import postgres
     except ImportError as e:
         raise UsageError(
             "a postgresql:// URL needs the postgres extra: pip install 'agentstate[postgres]' "
             f"({e})") from None
-    return Database(_postgres.connect(url, options.durability, options.busy_timeout), options)
+    return Database(postgres.connect(url, options.durability, options.busy_timeout))
 
 
 class Tokens:
     """``db.tokens``: bearer tokens for ``agentstate serve``; only their hashes are stored."""
 
-    def __init__(self, ops: Any) -> None:
+    def __init__(self, ops: Ops) -> None:
         self._ops = ops
 
     def create(self, name: str, *, admin: bool = False) -> str:

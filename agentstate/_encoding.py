@@ -8,6 +8,7 @@ Lone surrogates are caught by that final UTF-8 encode.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -257,3 +258,17 @@ def decode(data: str | bytes) -> Any:
         return _loads(data)
     except RecursionError:  # raw bytes may nest deeper than any stored JSON value
         raise json.JSONDecodeError("nested too deeply to parse", data[:40], 0) from None
+
+
+def fs_path(path: str | bytes | os.PathLike[Any]) -> str:
+    """A path SQLite can open: SQLite takes UTF-8 names, so others are refused up front."""
+    p = os.fsdecode(os.fspath(path))
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidValue(
+            f"the path {p!r} is not valid UTF-8: SQLite cannot open it; rename it"
+        ) from None
+    if "\x00" in p:
+        raise InvalidValue("a path cannot contain NUL")
+    return p

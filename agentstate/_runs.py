@@ -16,7 +16,7 @@ from ._encoding import canonical, check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
 if TYPE_CHECKING:
-    from ._ops import LocalOps
+    from .backends.base import Ops
 
 MAX_RECORD = 16 * 1024 * 1024  # an entry (with its seq) or a snapshot
 RUN_FORMAT = 1  # what run.format this agentstate writes and reads
@@ -138,7 +138,7 @@ def _decode_entries(rows: list[tuple[int, str]]) -> list[dict[str, Any]]:
 class RunStore:
     """``db.runs``: agent runs kept outside the process."""
 
-    def __init__(self, ops: LocalOps) -> None:
+    def __init__(self, ops: Ops) -> None:
         self._ops = ops
 
     def write(

@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
                         encode, encode_items, prefix_ok)
 from ._turns import aturn
+from .backends.base import KEEP
 from .errors import Damaged, InvalidValue, NotAList, TooLarge, VersionConflict
 
 if TYPE_CHECKING:
-    from ._ops import LocalOps
-
-
-KEEP: Any = "keep"  # ttl: keep the key's expiry (update; append without ttl)
+    from .backends.base import Ops
 
 
 class Versioned(NamedTuple):
@@ -103,7 +101,7 @@ class Scope:
 
     __slots__ = ("_ops", "kind", "id")
 
-    def __init__(self, ops: LocalOps, kind: str, scope_id: str) -> None:
+    def __init__(self, ops: Ops, kind: str, scope_id: str) -> None:
         self._ops = ops
         self.kind = check_kind(kind)
         self.id = check_key(scope_id, "scope id")
@@ -321,7 +319,7 @@ class Scope:
 class State:
     """Several scopes at once: ``db.state(session="s", agent="a").session``."""
 
-    def __init__(self, ops: LocalOps, ids: dict[str, str]) -> None:
+    def __init__(self, ops: Ops, ids: dict[str, str]) -> None:
         for kind, scope_id in ids.items():
             check_kind(kind)
             if scope_id is not None:

@@ -13,11 +13,11 @@ from pydantic.dataclasses import dataclass
 from ._encoding import check_int, check_key, decode, encode, is_key
 from ._runs import parse_time
 from ._scope import Scope
-from ._turnstate import effective_status
+from .backends.base import effective_status
 from .errors import InvalidTransition, InvalidValue, NotFound
 
 if TYPE_CHECKING:
-    from ._ops import LocalOps
+    from .backends.base import Ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +146,7 @@ class Turn:
 class Sessions:
     """``db.sessions``: sessions owned by principals, and their turns."""
 
-    def __init__(self, ops: LocalOps) -> None:
+    def __init__(self, ops: Ops) -> None:
         self._ops = ops
 
     # -- sessions ------------------------------------------------------------

@@ -1,8 +1,8 @@
 """A/B of agentstate's per-call write cost: two versions of the package in one process.
 
     python -m benchmarks.ab BASE [HEAD]      # git revisions; HEAD default: BASE with this
-                                             # checkout's _kv, _scope, _encoding, _connection,
-                                             # _feed, _thread (only those files differ)
+                                             # checkout's files of MINE (the hot path's
+                                             # modules; only those files differ)
     python -m benchmarks.ab BASE --rounds 15 --calls 200 --ops put,update
 
 Both versions are imported side by side in one process (as ``agentstate_base``
@@ -39,7 +39,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 OPS = ("put", "update", "append", "history", "get")
-MINE = ("_kv.py", "_scope.py", "_encoding.py", "_connection.py", "_feed.py", "_thread.py")
+MINE = ("_scope.py", "_encoding.py", "_thread.py", "backends/local.py", "backends/sqlite/kv.py",
+        "backends/sqlite/store.py", "backends/sqlite/group_commit.py",
+        "backends/sqlite/transactions.py", "backends/sqlite/feed.py")
 VALUE = {"role": "user", "content": "hello world " * 5, "n": 1}
 
 
@@ -83,6 +85,7 @@ def package(rev: str | None, base: str, dest: str, name: str) -> Any:
     subprocess.run(["tar", "-x", "-C", dest], input=arch, check=True)
     if rev is None:
         for f in MINE:
+            os.makedirs(os.path.dirname(os.path.join(dest, "agentstate", f)), exist_ok=True)
             shutil.copy(os.path.join(REPO, "agentstate", f), os.path.join(dest, "agentstate", f))
     os.rename(os.path.join(dest, "agentstate"), os.path.join(dest, name))  # schema.sql stays beside it
     sys.path.insert(0, dest)

@@ -13,7 +13,7 @@ busy_timeout), the fewest writes any one process made, and the longest wait.
   5, 10 ... then 100 ms between tries. A waiter that has waited a while tries
   ten times a second while a newcomer tries every millisecond, so a long waiter
   keeps losing: one process can starve until its busy_timeout.
-- capped backoff (``agentstate._connection._Patience``, as shipped): sleeps a
+- capped backoff (``agentstate.backends.sqlite.busy.Patience``, as shipped): sleeps a
   random 0.5-1x of min(5 ms, 0.5 ms x 2^tries), so every waiter keeps trying
   often.
 """
@@ -36,7 +36,7 @@ from . import stamp
 
 def _writer(path: str, handler: str, seconds: float, busy_timeout: float, start, out) -> None:
     db = agentstate.open(path, busy_timeout=busy_timeout)
-    if handler == "sqlite":  # agentstate's own (_Patience) replaced by SQLite's
+    if handler == "sqlite":  # agentstate's own (Patience) replaced by SQLite's
         db._store.conn().set_busy_timeout(int(busy_timeout * 1000))
     s = db.scope("agent", f"w{os.getpid()}")
     start.wait()

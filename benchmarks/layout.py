@@ -30,8 +30,7 @@ import time
 import apsw
 
 import agentstate
-from agentstate._connection import SCHEMA
-from agentstate._migrations import schema_object
+from agentstate.backends.sqlite.schema import SCHEMA, schema_object
 
 from . import stamp
 

@@ -34,7 +34,8 @@ import time
 import apsw
 
 import agentstate
-from agentstate import _feed
+from agentstate.backends.sqlite import admin as _admin
+from agentstate.backends.sqlite import feed as _feed
 
 from . import stamp
 
@@ -64,7 +65,7 @@ class Bench:
         c = self.store.conn()
         c.pragma("temp_store", "FILE" if name == "temp_store FILE" else "MEMORY")
         self.store.group_commit = name != "group commit off"
-        self.store.housekeeping = None if name == "no housekeeping" else _feed.purge
+        self.store.housekeeping = None if name == "no housekeeping" else _admin.purge
         _feed.record = (lambda *a, **k: None) if name == "no feed row" else self.record
 
     def put(self, i: int) -> None:

@@ -110,9 +110,9 @@ class System:
             v = "?"
         extra = ""
         if self.name == "agentstate":  # the schema may change without a version bump
-            from agentstate import _connection
+            from agentstate.backends.sqlite import schema
 
-            extra = _connection.SCHEMA
+            extra = schema.SCHEMA
         return hashlib.sha256(f"{v}\n{extra}".encode()).hexdigest()[:10]
 
     def missing(self) -> str | None:
@@ -372,7 +372,8 @@ class ApswSameHandle(Handle):
         import apsw
 
         import agentstate
-        from agentstate import _connection, _feed, _kv
+        from agentstate.backends import base
+        from agentstate.backends.sqlite import admin, feed, kv
 
         self.file = os.path.join(path, "agentstate.db")
         agentstate.open(self.file, durability=durability).close()  # the schema
@@ -384,15 +385,15 @@ class ApswSameHandle(Handle):
         c.pragma("cache_size", -16384)
         c.pragma("temp_store", "MEMORY")
         self.c, self.dur = c, durability
-        self.kv, self.feed, self.now_iso = _kv, _feed, _connection.now_iso
-        self.every = _connection.HOUSEKEEP_EVERY
+        self.kv, self.feed, self.admin, self.now_iso = kv, feed, admin, base.now_iso
+        self.every = 8  # as Store.housekeep_every
         self.writes = 0
 
     def _done(self) -> None:
         """Before COMMIT: the housekeeping agentstate does every 8th write."""
         self.writes += 1
         if self.writes % self.every == 0:
-            self.feed.purge(self.c)
+            self.admin.purge(self.c)
 
     def _agentstate(self) -> Any:
         import agentstate

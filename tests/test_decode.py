@@ -38,7 +38,7 @@ def test_a_read_translates_driver_errors(db, monkeypatch):
     import apsw
 
     import agentstate
-    from agentstate import _kv
+    from agentstate.backends.sqlite import kv as _kv
 
     s = db.scope("app", "a")
     s.put("k", {"v": 1})

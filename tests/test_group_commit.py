@@ -264,7 +264,7 @@ def test_benchmark_smoke(tmp_path):
 def test_percall_benchmark_smoke():
     """The per-call benchmark runs each variant and restores the store as shipped."""
     from benchmarks import percall
-    from agentstate import _feed
+    from agentstate.backends.sqlite import feed as _feed
 
     record = _feed.record
     res = percall.measure("normal", rounds=1, calls=5)
@@ -276,7 +276,7 @@ def test_percall_benchmark_smoke():
 def test_purge_step_takes_the_oldest_batch_and_never_the_newest_row(db):
     """The housekeeping every commit group pays for: at most ``batch`` of the oldest
     rows past the retention, never the newest row (its seq is not handed out again)."""
-    from agentstate import _feed
+    from agentstate.backends.sqlite import admin
 
     store = store_of(db)
     store.housekeeping = None  # only the calls below purge
@@ -289,7 +289,7 @@ def test_purge_step_takes_the_oldest_batch_and_never_the_newest_row(db):
     counts = []
     for _ in range(3):
         with store.write() as c:
-            counts.append(_feed.purge(c, 32))
+            counts.append(admin.purge(c, 32))
     assert counts == [32, 7, 0]
     assert [c.seq for c in db.changes(db.last_change() - 1)] == [db.last_change()]
     kv.put("after", 1)
@@ -375,14 +375,14 @@ def test_a_finalizer_that_writes_during_the_bookkeeping_does_not_deadlock(db, mo
     """The garbage collector may run a finalizer at any allocation, one made while the
     group's lock is held included; a finalizer that writes then makes a plain write
     instead of taking that lock again on the same thread (which never returns)."""
-    from agentstate import _connection
+    from agentstate.backends.sqlite import group_commit
 
     kv = db.scope("session", "f")
     store = store_of(db)
     entered = threading.Event()
     wrote: list[int] = []
 
-    class Pending(_connection._Pending):
+    class Pending(group_commit._Pending):
         __slots__ = ()
 
         def __init__(self, *args) -> None:
@@ -391,7 +391,7 @@ def test_a_finalizer_that_writes_during_the_bookkeeping_does_not_deadlock(db, mo
                 entered.set()
                 wrote.append(kv.put("from-finalizer", 1))
 
-    monkeypatch.setattr(_connection, "_Pending", Pending)
+    monkeypatch.setattr(group_commit, "_Pending", Pending)
     holder, release = hold_commit(store)
     t = threading.Thread(target=kv.put, args=("k", 1), daemon=True)
     t.start()

@@ -11,10 +11,11 @@ import apsw
 import pytest
 
 import agentstate
+import agentstate.backends.sqlite.schema
 
 V1 = (Path(__file__).parent / "fixtures" / "schema_v1.sql").read_text()
 V2 = (Path(__file__).parent / "fixtures" / "schema_v2.sql").read_text()
-CURRENT = agentstate._connection.SCHEMA_VERSION
+CURRENT = agentstate.backends.sqlite.schema.SCHEMA_VERSION
 T = "2026-11-30T12:00:00.000000Z"
 
 
@@ -93,7 +94,7 @@ def test_a_crash_during_the_upgrade_leaves_the_v1_file_intact(tmp_path):
     child = subprocess.run([sys.executable, "-c", """
 import os, sys
 import agentstate
-from agentstate import _migrations
+from agentstate.backends.sqlite import schema as _migrations
 upgrade = _migrations.MIGRATIONS[1]
 def upgrade_then_die(c, schema):
     upgrade(c, schema)   # every statement of the upgrade ran...

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import agentstate
 from agentstate import NotAList, SessionBusy, VersionConflict
-from agentstate import _kv
+from agentstate.backends.sqlite import kv as _kv
 
 SCOPES = [("session", "s1"), ("agent", "a1"), ("user", "u_1"), ("thread", "t:1")]
 KEYS = ["k", "k.1", "k_2", "list", "l2"]

@@ -12,7 +12,8 @@ import apsw
 import pytest
 
 import agentstate
-from agentstate import _connection
+from agentstate.backends.sqlite import schema as _schema
+from agentstate.backends.sqlite import store as _store
 
 from .conftest import REPO, file_digest
 
@@ -51,7 +52,7 @@ def test_pragmas(db_path):
             assert c.pragma("journal_mode") == "wal"
             assert c.pragma("synchronous") == sync
             assert c.pragma("foreign_keys") == 1
-            assert c.pragma("user_version") == _connection.SCHEMA_VERSION
+            assert c.pragma("user_version") == _schema.SCHEMA_VERSION
 
 
 def test_bad_options(db_path):
@@ -62,8 +63,8 @@ def test_bad_options(db_path):
 
 
 def test_schema_comes_from_the_top_level_file():
-    assert _connection.SCHEMA == (REPO / "schema.sql").read_text()
-    assert _connection.SCHEMA_VERSION >= 1
+    assert _schema.SCHEMA == (REPO / "schema.sql").read_text()
+    assert _schema.SCHEMA_VERSION >= 1
 
 
 def test_every_table_is_strict(db):
@@ -79,7 +80,7 @@ def test_newer_schema_is_refused_untouched(db_path):
     with agentstate.open(db_path) as db:
         db.scope("app", "a").put("k", 1)
     c = apsw.Connection(db_path)
-    c.pragma("user_version", _connection.SCHEMA_VERSION + 1)
+    c.pragma("user_version", _schema.SCHEMA_VERSION + 1)
     c.close()
     before = file_digest(db_path)
     with pytest.raises(agentstate.SchemaTooNew) as e:
@@ -92,9 +93,9 @@ def test_migration_ladder_runs_in_one_transaction(db_path, monkeypatch):
     """An older file is upgraded step by step; a failing step leaves it untouched."""
     with agentstate.open(db_path) as db:
         db.scope("app", "a").put("k", 1)
-    v = _connection.SCHEMA_VERSION
-    monkeypatch.setattr(_connection, "SCHEMA_VERSION", v + 2)
-    monkeypatch.setattr(_connection, "MIGRATIONS", {
+    v = _schema.SCHEMA_VERSION
+    monkeypatch.setattr(_schema, "SCHEMA_VERSION", v + 2)
+    monkeypatch.setattr(_schema, "MIGRATIONS", {
         v: lambda c, schema: c.execute("CREATE TABLE extra (x INTEGER) STRICT;"),
         v + 1: lambda c, schema: c.execute("INSERT INTO nonexistent VALUES (1);"),
     })
@@ -102,7 +103,7 @@ def test_migration_ladder_runs_in_one_transaction(db_path, monkeypatch):
     with pytest.raises(agentstate.AgentStateError):
         agentstate.open(db_path)
     assert file_digest(db_path) == before
-    monkeypatch.setitem(_connection.MIGRATIONS, v + 1,
+    monkeypatch.setitem(_schema.MIGRATIONS, v + 1,
                         lambda c, schema: c.execute("INSERT INTO extra VALUES (1);"))
     with agentstate.open(db_path) as db:
         c = db._store.conn()
@@ -131,12 +132,12 @@ def test_opening_a_file_asks_the_os_for_its_first_pages(db_path, monkeypatch):
     """An existing file's first PREFETCH bytes (header, schema, root pages) are asked
     for in one read-ahead before SQLite reads them one page at a time; a new file is not."""
     asked = []
-    monkeypatch.setattr(_connection, "_fadvise", lambda fd, off, n, advice: asked.append((off, n, advice)))
+    monkeypatch.setattr(_store, "_fadvise", lambda fd, off, n, advice: asked.append((off, n, advice)))
     agentstate.open(db_path).close()
     assert asked == []  # the file was empty
     with agentstate.open(db_path) as db:
         assert db.scope("app", "a").get("k") is None
-    assert asked == [(0, _connection.PREFETCH, os.POSIX_FADV_WILLNEED)]
+    assert asked == [(0, _store.PREFETCH, os.POSIX_FADV_WILLNEED)]
 
 
 def test_schema_and_root_pages_lie_within_the_prefetch(db_path):
@@ -148,7 +149,7 @@ def test_schema_and_root_pages_lie_within_the_prefetch(db_path):
     last = max(c.execute("SELECT max(pageno) FROM dbstat WHERE name = 'sqlite_schema'").get,
                c.execute("SELECT max(rootpage) FROM sqlite_schema").get)
     c.close()
-    assert last * page_size <= _connection.PREFETCH
+    assert last * page_size <= _store.PREFETCH
 
 
 def _open_as_other_user(path, q):
@@ -332,19 +333,17 @@ def test_an_immediate_busy_at_open_is_waited_out(db_path, monkeypatch):
     (within busy_timeout) instead of failing."""
     import apsw
 
-    from agentstate._connection import Store
-
     agentstate.open(db_path).close()
     calls = []
-    real = Store._check_header
+    real = _schema.check_header
 
-    def busy_twice(self, c):
+    def busy_twice(c, path):
         calls.append(1)
         if len(calls) <= 2:
             raise apsw.BusyError("database is locked")
-        return real(self, c)
+        return real(c, path)
 
-    monkeypatch.setattr(Store, "_check_header", busy_twice)
+    monkeypatch.setattr(_schema, "check_header", busy_twice)
     with agentstate.open(db_path) as db:
         assert db.scope("app", "a").put("k", 1) == 1
     assert len(calls) == 3
@@ -357,14 +356,12 @@ def test_open_stays_busy_no_longer_than_busy_timeout(db_path, monkeypatch):
 
     import apsw
 
-    from agentstate._connection import Store
-
     agentstate.open(db_path).close()
 
-    def always_busy(self, c):
+    def always_busy(c, path):
         raise apsw.BusyError("database is locked")
 
-    monkeypatch.setattr(Store, "_check_header", always_busy)
+    monkeypatch.setattr(_schema, "check_header", always_busy)
     t0 = time.monotonic()
     with pytest.raises(agentstate.Busy):
         agentstate.open(db_path, busy_timeout=0.3)

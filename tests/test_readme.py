@@ -44,7 +44,7 @@ def test_readme_install_and_demo_on_a_clean_copy(tmp_path):
     # The installed package is the wheel's copy, and it carries the schema.
     r2 = subprocess.run(
         [str(env_dir / "bin" / "python"), "-c",
-         "import agentstate, agentstate._connection as c, pathlib; "
+         "import agentstate, agentstate.backends.sqlite.schema as c, pathlib; "
          "print(pathlib.Path(agentstate.__file__).parent); print(c.SCHEMA == open('schema.sql').read())"],
         cwd=src, env={**env, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True, timeout=60)
     assert r2.returncode == 0, r2.stderr

@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 import agentstate
+import agentstate.backends.sqlite.schema
 from agentstate.server import create_app
 
 from .test_expiry import *  # noqa: F403
@@ -88,7 +89,7 @@ def db(db_path):
 
 def test_the_fixture_is_remote(db):
     assert db.path.startswith("http://127.0.0.1:") and db.durability == "server"
-    assert db.check() == [] and db.info()["schema_version"] == agentstate._connection.SCHEMA_VERSION  # admins ask the server
+    assert db.check() == [] and db.info()["schema_version"] == agentstate.backends.sqlite.schema.SCHEMA_VERSION  # admins ask the server
     for local_only in (lambda: db.backup("x.db"), db.vacuum, lambda: db.tokens.create("x")):
         with pytest.raises(agentstate.UsageError):
             local_only()

@@ -1,23 +1,127 @@
-"""Who may use a thread's open transaction: the code inside its block (both backends).
+"""What every backend supplies, and the rules all of them share.
 
-A thread's connection carries one transaction, but asyncio tasks on one thread
-interleave, and an async twin runs in a worker thread: a call from code that
-did not open the transaction must neither join it (and vanish with its
-rollback) nor wait for it (forever). ``txn`` is the store's context variable
-holding the token of the transaction the running code is inside of
-(``[True]`` while open); ``local`` is the thread's state (``depth``, ``owner``).
+The seam is :class:`Ops`: the store's logical operations, one method each.
+The public objects (``Database``, ``Scope``, ``RunStore``, ``Sessions``)
+validate and encode, call one operation, and never ask which backend they run
+on. Two transports implement it (httpx's ``BaseTransport`` is the model):
+
+- :class:`~agentstate.backends.local.LocalOps` runs the operations on a store
+  this process holds: a :class:`Backend`, i.e. a :class:`Store` (connections
+  and transactions) with the repository modules ``kv``, ``runs``,
+  ``sessions``, ``feed``, ``tokens`` and ``admin`` — one function per logical
+  operation, the same names and arguments in ``backends/sqlite/`` and
+  ``backends/postgres/`` (``tests/test_backends.py`` compares them).
+- :class:`~agentstate.backends.remote.RemoteOps` sends them to
+  ``agentstate serve`` over HTTP.
+
+One write path per backend: every write operation is
+``store.call_write(fn, *args)``, ``fn(connection, *args)`` being the
+repository function (or a few of them) that does the whole write in one
+transaction — grouped with other threads' writes where the store commits in
+groups (SQLite), a savepoint inside a ``transaction()`` block. ``store.write()``
+is only for ``transaction()`` blocks and a remote-free ``update()`` retry.
+
+Rows cross the seam in the repositories' shapes (JSON as text, encoded once).
+The rules below are written once and used by every backend.
 """
 
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TypeVar
 
-from .errors import Busy, UsageError
+from ..errors import Busy, CursorExpired, UsageError
 
+Row = tuple[Any, ...]
+T = TypeVar("T")
+Conn = Any  # a backend's connection (apsw.Connection, or postgres.store.Conn)
+
+# -- values ---------------------------------------------------------------------------
+
+KEEP: Final = "keep"
+"""``ttl=KEEP``: keep the key's expiry (what ``update()`` and an ``append`` without ttl do)."""
+
+
+# -- time -----------------------------------------------------------------------------
+
+_second = (0, "")  # the last whole second, formatted: strftime is the slow part
+
+
+def now_iso() -> str:
+    """This machine's UTC time in the store's format: ISO-8601, microseconds, a Z."""
+    global _second
+    sec, us = divmod(time.time_ns() // 1000, 1_000_000)
+    cached = _second  # one read: another thread may replace it meanwhile
+    if cached[0] != sec:
+        cached = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return "%s.%06dZ" % (cached[1], us)  # %-formatting: ~0.15 us less than an f-string here
+
+
+def iso(t: float) -> str:
+    """A unix time as the store's ISO-8601 UTC text (comparable with now_iso())."""
+    sec, us = divmod(int(t * 1_000_000), 1_000_000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{us:06d}Z"
+
+
+# -- the change feed and settings (SPEC §9, §10) ----------------------------------------
+
+SETTINGS: dict[str, int] = {
+    "feed_retention": 604_800,  # seconds of changes kept at least (7 days); 0: the feed is off
+}
+"""Every setting of a store, with its default (a store keeps only what was set)."""
+
+
+def check_cursor(since: int, head: int, retention: int, oldest: int | None) -> None:
+    """Refuse a cursor whose changes are no longer all kept.
+
+    ``head`` is the newest seq handed out, ``oldest`` the oldest seq kept
+    (None: no row kept). The purge only ever removes a prefix of the feed, so
+    the changes after ``since`` are all there exactly when the oldest kept one
+    is at most ``since + 1``.
+
+    :raises CursorExpired: the feed is off, or some change after ``since`` is gone.
+    """
+    if since >= head:
+        return
+    if retention == 0:
+        raise CursorExpired(f"the change feed is off (feed_retention 0): only since={head} "
+                            "(last_change()) is valid")
+    if oldest is None or oldest > since + 1:
+        raise CursorExpired(
+            f"changes after {since} are no longer kept (the oldest kept is "
+            f"{oldest if oldest is not None else 'none'}): read the current state and go on "
+            f"from last_change() = {head}")
+
+
+# -- turns (SPEC §4) ---------------------------------------------------------------------
+
+LEASED: Final = ("queued", "running", "resuming")  # states that lapse into 'expired'
+
+
+def effective_status(status: str, lease_until: float | None, now: float | None = None) -> str:
+    """A leased state whose lease lapsed reads as 'expired'."""
+    if status in LEASED and lease_until is not None and lease_until < (now or time.time()):
+        return "expired"
+    return status
+
+
+# -- who may use a thread's open transaction -----------------------------------------------
 
 def check_owner(txn: contextvars.ContextVar[list[bool] | None], local: Any) -> None:
-    """Refuse a call from code that is not inside this thread's open transaction."""
+    """Refuse a call from code that is not inside this thread's open transaction.
+
+    A thread's connection carries one transaction, but asyncio tasks on one
+    thread interleave, and an async twin runs in a worker thread: a call from
+    code that did not open the transaction must neither join it (and vanish
+    with its rollback) nor wait for it (forever). ``txn`` is the store's
+    context variable holding the token of the transaction the running code is
+    inside of (``[True]`` while open); ``local`` is the thread's state
+    (``depth``, ``owner``).
+    """
     if local.depth:
         if txn.get() is not local.owner:
             raise Busy(
@@ -33,3 +137,256 @@ def check_owner(txn: contextvars.ContextVar[list[bool] | None], local: Any) -> N
                 "(an async twin, or a thread started in the block), so it cannot join it "
                 "and would wait for it forever: use the plain calls inside transaction()"
             )
+
+
+# -- the seam ---------------------------------------------------------------------------
+
+Batched = tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]  # op, kind, sid, key, args, kwargs
+
+
+class Ops(Protocol):
+    """The store's logical operations: what the public objects call, and all they call.
+
+    Arguments arrive validated and encoded (JSON as text); rows leave in the
+    repositories' shapes. Each operation is one transaction (or one request).
+    Implemented by ``LocalOps`` and ``RemoteOps``.
+    """
+
+    # the database
+    @property
+    def target(self) -> str: ...
+    @property
+    def durability(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def check_open(self) -> None: ...
+    def close(self) -> None: ...
+    def transaction(self) -> AbstractContextManager[None]:
+        """A ``transaction()`` block (UsageError where calls cannot share one)."""
+        ...
+    def exclusive(self) -> AbstractContextManager[Any]:
+        """Held while ``update()`` retries: the write lock where the store has one."""
+        ...
+    def update_turn(self, kind: str, sid: str, key: str) -> AbstractContextManager[Any]:
+        """Held around a whole ``update()``: this client's threads take turns on a key."""
+        ...
+    def apply_batch(self, ops: list[Batched], call: Callable[..., Any]) -> list[Any]:
+        """The writes of a ``batch()``, all or none; each one's result."""
+        ...
+
+    # keys (SPEC §2, §10)
+    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None: ...
+    def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
+               items: list[str] | None, if_version: int | None, ttl: Any) -> int: ...
+    def kv_delete(self, kind: str, sid: str, key: str, if_version: int | None) -> bool: ...
+    def kv_append(self, kind: str, sid: str, key: str, texts: list[str], size: int,
+                  ttl: Any) -> tuple[int, int]: ...
+    def kv_pop(self, kind: str, sid: str, key: str, n: int) -> list[str]: ...
+    def kv_touch(self, kind: str, sid: str, key: str, ttl: float | None) -> bool: ...
+    def kv_expires_at(self, kind: str, sid: str, key: str) -> float | None: ...
+    def kv_slice(self, kind: str, sid: str, key: str, start: int,
+                 stop: int | None) -> list[str] | None: ...
+    def kv_length(self, kind: str, sid: str, key: str) -> int | None: ...
+    def kv_keys(self, kind: str, sid: str, prefix: str, after: str | None,
+                limit: int | None) -> list[str]: ...
+
+    # runs (SPEC §3, §10)
+    def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,
+                  create: bool) -> None: ...
+    def run_read(self, run_id: str) -> tuple[Row, list[tuple[int, str]]] | None: ...
+    def run_head(self, run_id: str) -> Row | None: ...
+    def run_entries(self, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]: ...
+    def run_tail(self, run_id: str, n: int) -> list[tuple[int, str]]: ...
+    def run_delete(self, run_id: str) -> bool: ...
+    def run_list(self, after: str | None, limit: int | None) -> list[Row]: ...
+    def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None: ...
+    def run_trim(self, run_id: str, before: int) -> int: ...
+    def run_prune(self, older_than: float, finished_only: bool) -> list[str]: ...
+
+    # sessions and turns (SPEC §4), always for a principal (name, admin)
+    def session_create(self, owner: str, metadata: str) -> Row: ...
+    def session_get(self, session_id: str, name: str, admin: bool) -> Row: ...
+    def session_list(self, name: str, admin: bool, after: str | None,
+                     limit: int | None) -> list[Row]: ...
+    def session_delete(self, session_id: str, name: str, admin: bool) -> None: ...
+    def session_prune(self, name: str, admin: bool, idle_for: float) -> list[str]: ...
+    def session_release(self, session_id: str, name: str, admin: bool) -> Row: ...
+    def turn_start(self, session_id: str, name: str, admin: bool, status: str,
+                   input_: str | None, lease: float) -> Row: ...
+    def turn_get(self, turn_id: str, name: str, admin: bool) -> Row: ...
+    def turn_list(self, session_id: str, name: str, admin: bool, after: str | None,
+                  limit: int | None) -> list[Row]: ...
+    def turn_find(self, name: str, admin: bool, live: tuple[str, ...], expired: bool,
+                  after: str | None, limit: int | None) -> list[Row]: ...
+    def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
+                  to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row: ...
+
+    # the change feed and settings (SPEC §9, §10)
+    def feed_scan(self, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[Row], int]: ...
+    def feed_head(self) -> int: ...
+    def watch(self, since: int, timeout: float | None, limit: int,
+              flt: dict[str, Any]) -> list[Row]: ...
+    def awatch(self, since: int, limit: int, flt: dict[str, Any]) -> AsyncIterator[Row]: ...
+    def settings(self) -> dict[str, Any]: ...
+    def set_setting(self, name: str, value: Any) -> None: ...
+
+    # API tokens (SPEC §12)
+    def token_create(self, name: str, admin: bool) -> str: ...
+    def token_principal(self, token: str) -> tuple[str, bool] | None: ...
+    def token_list(self) -> list[Row]: ...
+    def token_revoke(self, name: str) -> int: ...
+
+    # administration
+    def check(self) -> list[str]: ...
+    def info(self) -> dict[str, Any]: ...
+    def backup(self, dest: str, progress: Callable[[int, int], None] | None) -> str: ...
+    def vacuum(self) -> dict[str, int]: ...
+
+
+# -- what a backend supplies ------------------------------------------------------------
+
+class Waiter(Protocol):
+    """Waits for a commit by any client of the store (the change feed's wake-up)."""
+
+    def mark(self) -> int: ...
+    def wait(self, mark: int, deadline: float | None) -> bool: ...
+    async def await_change(self, mark: int) -> None: ...
+
+
+class Store(Protocol):
+    """A backend's connections and transactions, shared by the threads of a process."""
+
+    path: str
+    durability: str
+
+    @property
+    def closed(self) -> bool: ...
+    def check_open(self) -> None: ...
+    def close(self) -> None: ...
+
+    def call_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(connection, *args)`` in one write transaction (a savepoint inside
+        ``transaction()``); its result once committed. The one write path."""
+        ...
+
+    def call_read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(connection, *args)`` as one read (inside a transaction: that one's)."""
+        ...
+
+    def write(self) -> AbstractContextManager[Conn]:
+        """A ``transaction()`` block: one write transaction, or a savepoint inside one."""
+        ...
+
+    def read(self) -> AbstractContextManager[Conn]: ...
+    def snapshot(self) -> AbstractContextManager[Conn]:
+        """Several reads that see one consistent state (a read transaction)."""
+        ...
+
+    def waiter(self) -> AbstractContextManager[Waiter]: ...
+    def in_write(self) -> bool: ...
+    def clock(self) -> float:
+        """The store's clock (unix time): this machine's for a file, the server's for PostgreSQL."""
+        ...
+
+    def query(self, sql: str, args: Any = ...) -> list[Row]: ...
+
+
+class KVRepo(Protocol):
+    """Scoped keys (SPEC §2, §10). Writes run inside the caller's write transaction and
+    record their change; reads are one statement each."""
+
+    def get(self, c: Conn, kind: str, sid: str, key: str) -> Row | None: ...
+    def put(self, c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: int,
+            items: list[str] | None, if_version: int | None, ttl: Any = None) -> int: ...
+    def delete(self, c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool: ...
+    def append(self, c: Conn, kind: str, sid: str, key: str, items: list[str], items_size: int,
+               ttl: Any = KEEP) -> tuple[int, int]: ...
+    def pop(self, c: Conn, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]: ...
+    def touch(self, c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | None: ...
+    def expires_at(self, c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None: ...
+    def slice_items(self, c: Conn, kind: str, sid: str, key: str, start: int,
+                    stop: int | None) -> list[str] | None: ...
+    def length(self, c: Conn, kind: str, sid: str, key: str) -> int | None: ...
+    def keys(self, c: Conn, kind: str, sid: str, prefix: str, after: str | None,
+             limit: int | None) -> list[str]: ...
+
+
+class RunsRepo(Protocol):
+    """Runs (SPEC §3, §10): entries as (seq, JSON text), snapshots as JSON text."""
+
+    def write(self, c: Conn, run_id: str, entries: list[tuple[int, str]], snapshot: str | None,
+              create: bool) -> int: ...
+    def head(self, c: Conn, run_id: str) -> Row | None: ...
+    def entries(self, c: Conn, run_id: str, since: int,
+                limit: int | None) -> list[tuple[int, str]]: ...
+    def tail(self, c: Conn, run_id: str, n: int) -> list[tuple[int, str]]: ...
+    def delete(self, c: Conn, run_id: str) -> bool: ...
+    def trim(self, c: Conn, run_id: str, before: int) -> int: ...
+    def prune(self, c: Conn, cutoff: str, finished_only: bool) -> list[str]: ...
+    def summaries(self, c: Conn, after: str | None, limit: int | None) -> list[Row]: ...
+    def fork(self, c: Conn, run_id: str, new_id: str, upto: int | None) -> None: ...
+
+
+class SessionsRepo(Protocol):
+    """Sessions and turns (SPEC §4): rows in the column order of ``TURN_COLUMNS``."""
+
+    def session_row(self, c: Conn, session_id: str, name: str, admin: bool) -> Row: ...
+    def create(self, c: Conn, session_id: str, owner: str, metadata: str) -> Row: ...
+    def sessions(self, c: Conn, name: str, admin: bool, after: str | None,
+                 limit: int | None) -> list[Row]: ...
+    def delete(self, c: Conn, session_id: str) -> None: ...
+    def idle(self, c: Conn, cutoff: str, now: float) -> list[str]: ...
+    def start(self, c: Conn, turn_id: str, session_id: str, status: str, input_: str | None,
+              lease: float) -> Row: ...
+    def turn_row(self, c: Conn, turn_id: str) -> Row | None: ...
+    def turns(self, c: Conn, session_id: str, after: str | None, limit: int | None) -> list[Row]: ...
+    def turns_by_status(self, c: Conn, name: str, admin: bool, live: tuple[str, ...],
+                        expired: bool, now: float, after: str | None,
+                        limit: int | None) -> list[Row]: ...
+    def move(self, c: Conn, turn_id: str, from_states: tuple[str, ...], to: str,
+             sets: dict[str, Any], lease: float | None, what: str) -> Row: ...
+    def active_turn(self, c: Conn, session_id: str) -> Row | None: ...
+
+
+class FeedRepo(Protocol):
+    """The change feed and the settings (SPEC §9, §10)."""
+
+    def head(self, c: Conn) -> int: ...
+    def scan(self, c: Conn, since: int, limit: int,
+             flt: dict[str, Any]) -> tuple[list[Row], int]: ...
+    def settings(self, c: Conn) -> dict[str, Any]: ...
+    def set_setting(self, c: Conn, name: str, value: Any) -> None: ...
+
+
+class TokensRepo(Protocol):
+    """API tokens (SPEC §12): hashes only."""
+
+    def create(self, c: Conn, digest: str, name: str, admin: bool) -> None: ...
+    def find(self, c: Conn, digest: str) -> Row | None: ...
+    def names(self, c: Conn) -> list[Row]: ...
+    def revoke(self, c: Conn, name: str) -> int: ...
+
+
+class AdminRepo(Protocol):
+    """Administration: invariants, info, backup, vacuum, the bounded purge."""
+
+    def check(self, store: Any) -> list[str]: ...
+    def info(self, store: Any) -> dict[str, Any]: ...
+    def backup(self, store: Any, dest: str,
+               progress: Callable[[int, int], None] | None = None) -> str: ...
+    def vacuum(self, store: Any) -> dict[str, int]: ...
+    def purge(self, c: Conn, batch: int = ...) -> int: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A store and its repositories: what ``backends/sqlite`` and ``backends/postgres``
+    each build in their ``connect()``."""
+
+    store: Store
+    kv: KVRepo
+    runs: RunsRepo
+    sessions: SessionsRepo
+    feed: FeedRepo
+    tokens: TokensRepo
+    admin: AdminRepo

@@ -1,14 +1,9 @@
-"""The backend seam: the store's logical operations, one method each, one transaction each.
+"""The operations on a store this process holds: a file, or a PostgreSQL server's tables.
 
-The public objects (``Scope``, ``RunStore``, ``Sessions``, ``Database``) validate
-and encode, then call one operation here; they never ask which backend they
-run on. ``LocalOps`` runs the operations on a database it holds: a connection
-manager (``write()``/``read()``/``snapshot()``) and repository modules (``kv``,
-``runs``, ``sessions``, ``feed``, ``admin``) with the same functions for each
-backend — SQLite's (``_connection.Store``, ``_kv``, ...) or PostgreSQL's. The
-remote client supplies the same operations over HTTP (``_remote.RemoteOps``).
-
-Rows cross the seam in the repositories' shapes (JSON as text, encoded once).
+``LocalOps`` implements :class:`~agentstate.backends.base.Ops` over a
+:class:`~agentstate.backends.base.Backend` (a store and its repository
+modules). Every write is one ``store.call_write(fn, *args)`` (base.py: one
+write path); reads that must agree with each other share one snapshot.
 """
 
 from __future__ import annotations
@@ -19,13 +14,13 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from types import ModuleType
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, TypeVar
 
-from .errors import Forbidden, InvalidTransition, NotFound, UsageError
+from ..errors import Forbidden, InvalidTransition, NotFound, UsageError
+from .base import Backend, Row, iso
 
-Row = tuple[Any, ...]
+T = TypeVar("T")
 
 
 def token_digest(token: str) -> str:
@@ -37,29 +32,15 @@ _NO_TURN = nullcontext()
 
 
 class LocalOps:
-    """Operations on a database this process holds (a file, or a server's tables)."""
+    """Operations on a database this process holds."""
 
-    can_lock = True  # update() may retry under the write lock; transaction() exists
-
-    def __init__(self, store: Any, repos: ModuleType) -> None:
-        self.store = store
-        self.kv, self.runs, self.sessions = repos.kv, repos.runs, repos.sessions
-        self.feed, self.admin = repos.feed, repos.admin
-        self.tokens = getattr(repos, "tokens", None)
-        self.clock: Callable[[], float] = repos.clock  # the store's clock, for cutoffs
-        # fn(connection, *args) in one write transaction: grouped with other
-        # threads' writes where the store commits in groups (SQLite's Store).
-        self._write: Callable[..., Any] = getattr(store, "call_write", None) or self._one_write
-        # fn(connection, *args) as one read (SQLite's Store does it without a context manager).
-        self._read: Callable[..., Any] = getattr(store, "call_read", None) or self._one_read
-
-    def _one_write(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self.store.write() as c:
-            return fn(c, *args)
-
-    def _one_read(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self.store.read() as c:
-            return fn(c, *args)
+    def __init__(self, backend: Backend) -> None:
+        self.store = backend.store
+        self.kv, self.runs, self.sessions = backend.kv, backend.runs, backend.sessions
+        self.feed, self.tokens, self.admin = backend.feed, backend.tokens, backend.admin
+        self.clock: Callable[[], float] = backend.store.clock  # the store's clock, for cutoffs
+        self._write = backend.store.call_write
+        self._read = backend.store.call_read
 
     # -- the database ---------------------------------------------------------
 
@@ -86,11 +67,11 @@ class LocalOps:
         with self.store.write():
             yield
 
-    def exclusive(self) -> Any:
+    def exclusive(self) -> AbstractContextManager[Any]:
         """The write lock, so a compare-and-set retried inside cannot lose again."""
         return self.store.write()
 
-    def update_turn(self, kind: str, sid: str, key: str) -> Any:
+    def update_turn(self, kind: str, sid: str, key: str) -> AbstractContextManager[Any]:
         """Held around a whole update(): nothing here (its first try reads a snapshot,
         outside any lock, and a retry takes the write lock)."""
         return _NO_TURN
@@ -124,22 +105,19 @@ class LocalOps:
         return self._write(self.kv.touch, kind, sid, key, ttl) is not None
 
     def kv_expires_at(self, kind: str, sid: str, key: str) -> float | None:
-        with self.store.read() as c:
-            row = self.kv.expires_at(c, kind, sid, key)
+        row = self._read(self.kv.expires_at, kind, sid, key)
         return None if row is None else row[0]
 
-    def kv_slice(self, kind: str, sid: str, key: str, start: int, stop: int | None) -> list[str] | None:
-        with self.store.read() as c:
-            return self.kv.slice_items(c, kind, sid, key, start, stop)
+    def kv_slice(self, kind: str, sid: str, key: str, start: int,
+                 stop: int | None) -> list[str] | None:
+        return self._read(self.kv.slice_items, kind, sid, key, start, stop)
 
     def kv_length(self, kind: str, sid: str, key: str) -> int | None:
-        with self.store.read() as c:
-            return self.kv.length(c, kind, sid, key)
+        return self._read(self.kv.length, kind, sid, key)
 
     def kv_keys(self, kind: str, sid: str, prefix: str, after: str | None,
                 limit: int | None) -> list[str]:
-        with self.store.read() as c:
-            return self.kv.keys(c, kind, sid, prefix, after, limit)
+        return self._read(self.kv.keys, kind, sid, prefix, after, limit)
 
     # -- runs -----------------------------------------------------------------
 
@@ -156,16 +134,13 @@ class LocalOps:
             return head, self.runs.entries(c, run_id, 0, None)
 
     def run_head(self, run_id: str) -> Row | None:
-        with self.store.read() as c:
-            return self.runs.head(c, run_id)
+        return self._read(self.runs.head, run_id)
 
     def run_entries(self, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
-        with self.store.read() as c:
-            return self.runs.entries(c, run_id, since, limit)
+        return self._read(self.runs.entries, run_id, since, limit)
 
     def run_tail(self, run_id: str, n: int) -> list[tuple[int, str]]:
-        with self.store.read() as c:
-            return self.runs.tail(c, run_id, n)
+        return self._read(self.runs.tail, run_id, n)
 
     def run_delete(self, run_id: str) -> bool:
         return self._write(self.runs.delete, run_id)
@@ -175,64 +150,70 @@ class LocalOps:
             return self.runs.summaries(c, after, limit)
 
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
-        with self.store.write() as c:
-            self.runs.fork(c, run_id, new_id, upto)
+        self._write(self.runs.fork, run_id, new_id, upto)
 
     def run_trim(self, run_id: str, before: int) -> int:
-        with self.store.write() as c:
-            return self.runs.trim(c, run_id, before)
+        return self._write(self.runs.trim, run_id, before)
 
     def run_prune(self, older_than: float, finished_only: bool) -> list[str]:
-        with self.store.write() as c:
-            return self.runs.prune(c, self.feed.iso(self.clock() - older_than), finished_only)
+        return self._write(self._prune_runs, older_than, finished_only)
+
+    def _prune_runs(self, c: Any, older_than: float, finished_only: bool) -> list[str]:
+        return self.runs.prune(c, iso(self.clock() - older_than), finished_only)
 
     # -- sessions and turns ---------------------------------------------------
 
     def session_create(self, owner: str, metadata: str) -> Row:
-        with self.store.write() as c:
-            return self.sessions.create(c, f"s-{uuid.uuid4().hex}", owner, metadata)
+        return self._write(self.sessions.create, f"s-{uuid.uuid4().hex}", owner, metadata)
 
     def session_get(self, session_id: str, name: str, admin: bool) -> Row:
-        with self.store.read() as c:
-            return self.sessions.session_row(c, session_id, name, admin)
+        return self._read(self.sessions.session_row, session_id, name, admin)
 
     def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
         with self.store.snapshot() as c:
             return self.sessions.sessions(c, name, admin, after, limit)
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
-        with self.store.write() as c:
-            self.sessions.session_row(c, session_id, name, admin)
-            self.sessions.delete(c, session_id)
+        self._write(self._delete_session, session_id, name, admin)
+
+    def _delete_session(self, c: Any, session_id: str, name: str, admin: bool) -> None:
+        self.sessions.session_row(c, session_id, name, admin)
+        self.sessions.delete(c, session_id)
 
     def session_prune(self, name: str, admin: bool, idle_for: float) -> list[str]:
         if not admin:
             raise Forbidden(f"only an admin may prune sessions ({name} is not one)")
-        with self.store.write() as c:
-            now = self.clock()
-            ids = self.sessions.idle(c, self.feed.iso(now - idle_for), now)
-            for session_id in ids:
-                self.sessions.delete(c, session_id)
+        return self._write(self._prune_sessions, idle_for)
+
+    def _prune_sessions(self, c: Any, idle_for: float) -> list[str]:
+        now = self.clock()
+        ids = self.sessions.idle(c, iso(now - idle_for), now)
+        for session_id in ids:
+            self.sessions.delete(c, session_id)
         return ids
 
     def session_release(self, session_id: str, name: str, admin: bool) -> Row:
         if not admin:
-            with self.store.read() as c:
-                self.sessions.session_row(c, session_id, name, admin)  # others: NotFound first
+            self._read(self.sessions.session_row, session_id, name, admin)  # others: NotFound first
             raise Forbidden(f"only an admin may release a session's turn ({name} is not one)")
-        with self.store.write() as c:
-            self.sessions.session_row(c, session_id, name, admin)
-            active = self.sessions.active_turn(c, session_id)
-            if active is None:
-                raise InvalidTransition(f"session {session_id!r} has no active turn to release")
-            return self.sessions.move(c, active[0], ("queued", "running"), "failed",
-                                      {"error": f"released by {name}"}, None, "release")
+        return self._write(self._release, session_id, name, admin)
+
+    def _release(self, c: Any, session_id: str, name: str, admin: bool) -> Row:
+        self.sessions.session_row(c, session_id, name, admin)
+        active = self.sessions.active_turn(c, session_id)
+        if active is None:
+            raise InvalidTransition(f"session {session_id!r} has no active turn to release")
+        return self.sessions.move(c, active[0], ("queued", "running"), "failed",
+                                  {"error": f"released by {name}"}, None, "release")
 
     def turn_start(self, session_id: str, name: str, admin: bool, status: str,
                    input_: str | None, lease: float) -> Row:
-        with self.store.write() as c:
-            self.sessions.session_row(c, session_id, name, admin)
-            return self.sessions.start(c, f"t-{uuid.uuid4().hex}", session_id, status, input_, lease)
+        return self._write(self._start_turn, session_id, name, admin, status, input_, lease)
+
+    def _start_turn(self, c: Any, session_id: str, name: str, admin: bool, status: str,
+                    input_: str | None, lease: float) -> Row:
+        self.sessions.session_row(c, session_id, name, admin)
+        return self.sessions.start(c, f"t-{uuid.uuid4().hex}", session_id, status, input_, lease)
 
     def turn_get(self, turn_id: str, name: str, admin: bool) -> Row:
         with self.store.snapshot() as c:
@@ -251,12 +232,17 @@ class LocalOps:
                                                  after, limit)
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
-                  to: str, what: str, lease: float | None, sets: dict[str, Any]) -> Row:
+                  to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:
         """One state change; ``to`` None keeps the status (a heartbeat)."""
-        with self.store.write() as c:
-            row = self._visible_turn(c, turn_id, name, admin)
-            return self.sessions.move(c, turn_id, from_states, row[3] if to is None else to,
-                                      sets, lease, what)
+        return self._write(self._move_turn, turn_id, name, admin, from_states, to, what, lease,
+                           sets)
+
+    def _move_turn(self, c: Any, turn_id: str, name: str, admin: bool,
+                   from_states: tuple[str, ...], to: str | None, what: str, lease: float | None,
+                   sets: dict[str, Any]) -> Row:
+        row = self._visible_turn(c, turn_id, name, admin)
+        return self.sessions.move(c, turn_id, from_states, row[3] if to is None else to, sets,
+                                  lease, what)
 
     def _visible_turn(self, c: Any, turn_id: str, name: str, admin: bool) -> Row:
         """The turn's row if the principal may see its session; NotFound alike otherwise."""
@@ -280,8 +266,7 @@ class LocalOps:
             return self.feed.scan(c, since, limit, flt)
 
     def feed_head(self) -> int:
-        with self.store.read() as c:
-            return self.feed.head(c)
+        return self._read(self.feed.head)
 
     def watch(self, since: int, timeout: float | None, limit: int,
               flt: dict[str, Any]) -> list[Row]:
@@ -318,38 +303,32 @@ class LocalOps:
                 await waiter.await_change(mark)
 
     def settings(self) -> dict[str, Any]:
-        with self.store.read() as c:
-            return self.feed.settings(c)
+        return self._read(self.feed.settings)
 
     def set_setting(self, name: str, value: Any) -> None:
-        with self.store.write() as c:
-            self.feed.set_setting(c, name, value)
+        self._write(self.feed.set_setting, name, value)
 
     # -- API tokens (SPEC §12) -------------------------------------------------
 
     def token_create(self, name: str, admin: bool) -> str:
         """A new token for ``name``: returned once, only its hash is stored."""
         token = secrets.token_urlsafe(32)
-        with self.store.write() as c:
-            self.tokens.create(c, token_digest(token), name, admin)
+        self._write(self.tokens.create, token_digest(token), name, admin)
         return token
 
     def token_principal(self, token: str) -> tuple[str, bool] | None:
         """(name, admin) of a valid token, or None."""
         digest = token_digest(token)
-        with self.store.read() as c:
-            row = self.tokens.find(c, digest)
+        row = self._read(self.tokens.find, digest)
         if row is None or not hmac.compare_digest(row[0], digest):
             return None
         return row[1], bool(row[2])
 
-    def token_list(self) -> list[tuple[Any, ...]]:
-        with self.store.read() as c:
-            return self.tokens.names(c)
+    def token_list(self) -> list[Row]:
+        return self._read(self.tokens.names)
 
     def token_revoke(self, name: str) -> int:
-        with self.store.write() as c:
-            return self.tokens.revoke(c, name)
+        return self._write(self.tokens.revoke, name)
 
     # -- administration -------------------------------------------------------
 
@@ -359,7 +338,7 @@ class LocalOps:
     def info(self) -> dict[str, Any]:
         return self.admin.info(self.store)
 
-    def backup(self, dest: Any, progress: Callable[[int, int], None] | None) -> str:
+    def backup(self, dest: str, progress: Callable[[int, int], None] | None) -> str:
         return self.admin.backup(self.store, dest, progress)
 
     def vacuum(self) -> dict[str, int]:

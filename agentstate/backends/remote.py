@@ -18,11 +18,11 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from . import _turns
-from . import errors as E
-from ._encoding import decode
+from .. import _turns
+from .. import errors as E
+from .._encoding import decode
+from .base import KEEP, Batched, Row
 
-Row = tuple[Any, ...]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
 
@@ -79,8 +79,6 @@ def _change_row(d: dict[str, Any]) -> Row:
 
 class RemoteOps:
     """The backend operations of a store behind ``agentstate serve``."""
-
-    can_lock = False  # update() retries its compare-and-set until it wins
 
     def __init__(self, url: str, token: str, timeout: float) -> None:
         import httpx  # the server extra
@@ -164,9 +162,9 @@ class RemoteOps:
         """One update() of a key at a time among this client's threads (``_turns``)."""
         return self._turns.turn((kind, sid, key))
 
-    def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
+    def apply_batch(self, ops: list[Batched],
                     call: Callable[..., Any]) -> list[Any]:
-        from ._scope import Appended
+        from .._scope import Appended
 
         body = []
         for op, kind, sid, key, args, kwargs in ops:
@@ -207,7 +205,7 @@ class RemoteOps:
                               params={"if_version": if_version, "ttl": ttl})["version"]
         text = stored if items is None else "[" + ",".join(items) + "]"
         extra = {"if_version": if_version}
-        extra.update({"keep_ttl": True} if ttl == "keep" else {"ttl": ttl})
+        extra.update({"keep_ttl": True} if ttl == KEEP else {"ttl": ttl})
         body = '{"value":' + text + "".join(f',"{k}":{_dumps(v)}' for k, v in extra.items()
                                             if v is not None) + "}"
         return self._call("PUT", self._key(kind, sid, key), body=body)["version"]
@@ -219,7 +217,7 @@ class RemoteOps:
     def kv_append(self, kind: str, sid: str, key: str, texts: list[str], size: int,
                   ttl: Any) -> tuple[int, int]:
         body = '{"items":[' + ",".join(texts) + "]" + (
-            f',"ttl":{_dumps(ttl)}' if ttl not in (None, "keep") else "") + "}"
+            f',"ttl":{_dumps(ttl)}' if ttl not in (None, KEEP) else "") + "}"
         d = self._call("POST", self._key(kind, sid, key, "/append"), body=body)
         return d["length"], d["version"]
 
@@ -448,7 +446,7 @@ def connect(url: str, token: str | None = None, *, timeout: float = 30.0) -> Any
     """
     import os
 
-    from ._database import Database
+    from .._database import Database
 
     token = token if token is not None else os.environ.get("AGENTSTATE_TOKEN")
     if not token:

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 import agentstate
-from agentstate._scope import KEEP
+from agentstate import KEEP
 from agentstate.errors import AgentStateError, InvalidValue, NotFound, Unauthorized
 
 from . import _http as h

@@ -1,17 +1,15 @@
-"""The PostgreSQL backend: the server's connection manager and its repository modules.
+"""The PostgreSQL backend: the same store in a server's schema, for agents on many machines.
 
-``agentstate.open("postgresql://...")`` builds ``LocalOps(Store(...), repos)``
-where ``repos`` holds the modules ``kv``, ``runs``, ``sessions``, ``feed`` and
-``admin`` (the same functions, arguments and rows as the SQLite ones) and
-``clock``, the server's clock. Needs the ``postgres`` extra (psycopg 3 and
-psycopg-pool).
+``store`` holds the pool, transactions, the schema, errors and NOTIFY waiters;
+``kv``, ``runs``, ``sessions``, ``feed``, ``tokens`` and ``admin`` are its
+repositories, with the same functions, arguments and rows as SQLite's. Needs
+the ``postgres`` extra (psycopg 3 and psycopg-pool).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from .._ops import LocalOps
+from ..base import Backend
+from ..local import LocalOps
 from . import admin, feed, kv, runs, sessions, tokens
 from .store import Store
 
@@ -26,6 +24,5 @@ def connect(url: str, durability: str, busy_timeout: float) -> LocalOps:
     :raises Damaged: the schema holds other tables of the same names.
     """
     store = Store(url, durability, busy_timeout)  # its writes purge as they go (feed_add)
-    repos = SimpleNamespace(kv=kv, runs=runs, sessions=sessions, feed=feed, admin=admin, tokens=tokens,
-                            clock=store.clock)
-    return LocalOps(store, repos)  # type: ignore[arg-type]
+    return LocalOps(Backend(store=store, kv=kv, runs=runs, sessions=sessions, feed=feed,
+                            tokens=tokens, admin=admin))

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from ...errors import UsageError
 from .store import SCHEMA_VERSION, translate
-from ..errors import UsageError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -103,6 +103,14 @@ INVARIANTS: list[tuple[str, str]] = [
         FROM turn WHERE status IN ('queued', 'running')
         GROUP BY session_id HAVING count(*) > 1"""),
 ]
+
+
+PURGE_BATCH = 64  # rows of each kind a purge step removes at most (as the writes' own steps)
+
+
+def purge(c: Any, batch: int = PURGE_BATCH) -> int:
+    """Remove up to ``batch`` feed rows past the retention and ``batch`` expired keys."""
+    return c.execute("SELECT feed_purge(%s)", (batch,)).fetchone()[0]
 
 
 def check(store: Store) -> list[str]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..base import KEEP
 from .store import TXN, Conn
 
 Row = tuple[Any, ...]
-KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl), as _kv.KEEP
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
 _LIVE = "(expires_at IS NULL OR expires_at > now())"
 

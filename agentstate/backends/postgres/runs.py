@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._encoding import same_json
-from ..errors import HistoryGap, RunNotFound
+from ..._encoding import same_json
+from ...errors import HistoryGap, RunNotFound
 from .store import Conn
 
 Row = tuple[Any, ...]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import NotFound
+from ...errors import NotFound
 from .store import Conn
 
 Row = tuple[Any, ...]

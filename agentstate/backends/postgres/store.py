@@ -26,22 +26,23 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerr
 from psycopg.types.numeric import Int8Dumper
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from .. import errors
-from .._encoding import MAX_VALUE
-from .._owner import check_owner
-from ..errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError, UsageError
+from ... import errors
+from ..._encoding import MAX_VALUE
+from ..base import check_owner
+from ...errors import AgentStateError, Busy, Closed, Damaged, SchemaTooNew, StorageError, UsageError
 
 POOL_MAX = 16  # connections per process: one per thread inside a write, at most
 RETRIES = 3  # a lone statement that lost a deadlock did nothing: it is run again
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
               "feed_head", "change_new", "change_pending", "setting", "token")
+T = TypeVar("T")
 RECHECK = 1.0  # seconds a watcher waits for a NOTIFY before it looks again anyway
 
 
@@ -50,7 +51,7 @@ def schema_text() -> str:
     shipped = resources.files("agentstate").joinpath("schema_postgres.sql")
     if shipped.is_file():
         return shipped.read_text(encoding="utf-8")
-    return (Path(__file__).resolve().parents[2] / "schema_postgres.sql").read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[3] / "schema_postgres.sql").read_text(encoding="utf-8")
 
 
 SCHEMA = schema_text()
@@ -404,6 +405,16 @@ class Store:
     def read(self) -> _Read:
         """A connection for reading; each statement sees one consistent snapshot."""
         return _Read(self)
+
+    def call_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(connection, *args)`` in one write: a lone statement in one round trip, or
+        (several statements) one transaction; a savepoint inside ``transaction()``."""
+        with _Write(self) as c:
+            return fn(c, *args)
+
+    def call_read(self, fn: Callable[..., T], *args: Any) -> T:
+        with _Read(self) as c:
+            return fn(c, *args)
 
     @contextmanager
     def snapshot(self) -> Iterator[Conn]:

@@ -1,30 +1,27 @@
-"""The SQLite backend: the file's connection manager and its repository modules.
+"""The SQLite backend: one file in WAL mode that many processes share.
 
-``open()`` of a path builds ``LocalOps(Store(...), this module)``; the
-PostgreSQL backend supplies a module of the same shape.
+``store`` holds the file's connections and transactions (split by job:
+``schema``, ``transactions``, ``group_commit``, ``busy``, ``waiter``,
+``errors``); ``kv``, ``runs``, ``sessions``, ``feed``, ``tokens`` and
+``admin`` are its repositories, with the same functions as PostgreSQL's.
 """
 
 from __future__ import annotations
 
-import time
+from ..base import Backend
+from ..local import LocalOps
+from . import admin, feed, kv, runs, sessions, tokens
+from .store import Store
 
-from . import _admin as admin
-from . import _feed as feed
-from . import _kv as kv
-from . import _runs_repo as runs
-from . import _sessions_repo as sessions
-from . import _tokens as tokens
-from ._connection import Store
-from ._ops import LocalOps
-
-__all__ = ["admin", "clock", "connect", "feed", "kv", "runs", "sessions", "tokens"]
-
-clock = time.time  # the store's clock is this machine's
+__all__ = ["connect"]
 
 
 def connect(path: str, durability: str, busy_timeout: float, vfs: str | None = None) -> LocalOps:
-    import sys
+    """Open (creating or upgrading) the file at ``path``.
 
+    :raises SchemaTooNew, Damaged, StorageError: see ``agentstate.open``.
+    """
     store = Store(path, durability, busy_timeout, vfs)
-    store.housekeeping = feed.purge
-    return LocalOps(store, sys.modules[__name__])
+    store.housekeeping = admin.purge
+    return LocalOps(Backend(store=store, kv=kv, runs=runs, sessions=sessions, feed=feed,
+                            tokens=tokens, admin=admin))

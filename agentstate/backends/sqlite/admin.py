@@ -6,17 +6,20 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from . import _feed
-from ._connection import SCHEMA_VERSION, fs_path, translate
-from .errors import AgentStateError, StorageError, UsageError
+from ..._encoding import fs_path
+from ...errors import AgentStateError, StorageError, UsageError
+from . import feed, kv
+from .errors import translate
+from .schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from ._connection import Store
+    from .store import Store
 
 # Each invariant is one query returning (location, problem) rows; none means it holds.
 INVARIANTS: list[tuple[str, str]] = [
@@ -96,6 +99,17 @@ INVARIANTS: list[tuple[str, str]] = [
         FROM turn WHERE status IN ('queued', 'running')
         GROUP BY session_id HAVING count(*) > 1"""),
 ]
+
+
+PURGE_BATCH = 32  # rows of each kind a purge step removes at most
+
+
+def purge(c: apsw.Connection, batch: int = PURGE_BATCH) -> int:
+    """The bounded housekeeping a write transaction does before it commits (every
+    few writes, ``Store.housekeeping``): up to ``batch`` feed rows past the retention
+    and ``batch`` expired keys; how many rows went."""
+    now = time.time()
+    return feed.purge_step(c, now, batch) + kv.purge_expired(c, now, batch)
 
 
 def check(store: Store) -> list[str]:
@@ -206,7 +220,7 @@ def vacuum(store: Store) -> dict[str, int]:
     before = os.path.getsize(store.path)
     while True:  # everything expired and every feed row past retention, in bounded steps
         with store.write() as c:
-            if _feed.purge(c, 1000) == 0:
+            if purge(c, 1000) == 0:
                 break
     try:
         c = store.conn()
@@ -222,4 +236,4 @@ def vacuum(store: Store) -> dict[str, int]:
     return {"size_before": before, "size_after": os.path.getsize(store.path)}
 
 
-__all__ = ["AgentStateError", "backup", "check", "info", "vacuum"]
+__all__ = ["AgentStateError", "backup", "check", "info", "purge", "vacuum"]

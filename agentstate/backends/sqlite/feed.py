@@ -1,27 +1,19 @@
 """Repository of the change feed (SPEC §9) and of the settings (SPEC §10).
 
 ``record`` is called by every write, inside the write's own transaction, so a
-change row exists exactly when its write does. ``purge`` is the bounded
-housekeeping each write transaction does before it commits (Store.write):
-a few feed rows past the retention and a few expired keys.
+change row exists exactly when its write does. ``purge_step`` removes a few
+rows past the retention (the bounded housekeeping of ``admin.purge``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import apsw
 
-from ._connection import iso, now_iso
-from .errors import CursorExpired
+from ..base import SETTINGS, check_cursor, iso, now_iso
 
-__all__ = ["iso", "record", "head", "scan", "settings", "set_setting", "purge"]
-
-DEFAULTS: dict[str, Any] = {
-    "feed_retention": 604_800,  # seconds of changes kept at least (7 days); 0: the feed is off
-}
-PURGE_BATCH = 32  # rows of each kind a purge step removes at most
+__all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
 # One statement: no row while the feed is off (feed_retention = 0).
 _RECORD = """
@@ -72,25 +64,17 @@ def scan(c: apsw.Connection, since: int, limit: int, flt: dict[str, Any]) -> tup
     """
     top = head(c)
     if since < top:
-        if setting(c, "feed_retention") == 0:
-            raise CursorExpired(f"the change feed is off (feed_retention 0): only since={top} "
-                                "(last_change()) is valid")
-        first = oldest(c)
-        if first is None or first > since + 1:
-            raise CursorExpired(
-                f"changes after {since} are no longer kept (the oldest kept is "
-                f"{first if first is not None else 'none'}): read the current state and go on "
-                f"from last_change() = {top}")
+        check_cursor(since, top, setting(c, "feed_retention"), oldest(c))
     return changes(c, since, limit, flt), top
 
 
 def setting(c: apsw.Connection, name: str) -> Any:
     row = c.execute("SELECT value FROM setting WHERE name = ?", (name,)).fetchone()
-    return DEFAULTS[name] if row is None else row[0]
+    return SETTINGS[name] if row is None else row[0]
 
 
 def settings(c: apsw.Connection) -> dict[str, Any]:
-    return {**DEFAULTS, **dict(c.execute("SELECT name, value FROM setting").fetchall())}
+    return {**SETTINGS, **dict(c.execute("SELECT name, value FROM setting").fetchall())}
 
 
 def set_setting(c: apsw.Connection, name: str, value: Any) -> None:
@@ -98,11 +82,7 @@ def set_setting(c: apsw.Connection, name: str, value: Any) -> None:
               "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
 
 
-def purge(c: apsw.Connection, batch: int = PURGE_BATCH) -> int:
-    """Remove up to ``batch`` feed rows past the retention and ``batch`` expired keys."""
-    from . import _kv  # the kv repository records its own 'expire' changes
-
-    now = time.time()
-    cutoff = iso(max(0.0, now - setting(c, "feed_retention")))
-    c.execute(_PURGE, (batch, cutoff))
-    return c.changes() + _kv.purge_expired(c, now, batch)
+def purge_step(c: apsw.Connection, now: float, batch: int) -> int:
+    """Remove up to ``batch`` feed rows past the retention; how many."""
+    c.execute(_PURGE, (batch, iso(max(0.0, now - setting(c, "feed_retention")))))
+    return c.changes()

@@ -2,7 +2,7 @@
 
 Each function runs inside the caller's write transaction (``Store.write``) or
 is a single read statement, so it sees and changes one consistent state.
-Every write records its change (``_feed.record``) in the same transaction.
+Every write records its change (``feed.record``) in the same transaction.
 
 Expiry: a row whose ``expires_at`` has passed is absent to every reader (each
 read statement says so in its WHERE clause) and to every writer: a write that
@@ -17,13 +17,12 @@ from typing import Any
 
 import apsw
 
-from . import _feed
-from ._connection import now_iso
-from ._encoding import MAX_VALUE
-from .errors import NotAList, TooLarge, VersionConflict
+from ..._encoding import MAX_VALUE
+from ...errors import NotAList, TooLarge, VersionConflict
+from ..base import KEEP, now_iso
+from . import feed
 
 Row = tuple[Any, ...]
-KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl)
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
 _FIND = """SELECT version, type, list_id, length, size, expires_at FROM kv
@@ -86,7 +85,7 @@ def _remove(c: apsw.Connection, kind: str, sid: str, key: str, version: int,
         c.execute(_DROP_ITEMS, (list_id,))
     c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key))
     c.execute(_FORGET, (kind, sid, key, version + 1))
-    _feed.record(c, "kv", op, kind, sid, key, version)
+    feed.record(c, "kv", op, kind, sid, key, version)
 
 
 def _settle(c: apsw.Connection, kind: str, sid: str, key: str, now: float) -> Row | None:
@@ -154,7 +153,7 @@ def put(
         else:
             done = None
         if done is not None:
-            _feed.record(c, "kv", "put", kind, sid, key, done[0], at=args["stamp"])
+            feed.record(c, "kv", "put", kind, sid, key, done[0], at=args["stamp"])
             return done[0]
     row = _settle(c, kind, sid, key, now)
     current = row[0] if row else 0
@@ -176,7 +175,7 @@ def put(
     else:
         c.execute(_REPLACE, args)
         version = current + 1
-    _feed.record(c, "kv", "put", kind, sid, key, version,
+    feed.record(c, "kv", "put", kind, sid, key, version,
                  *((0, length) if items is not None else (None, None)), at=args["stamp"])
     return version
 
@@ -234,7 +233,7 @@ def append(
         list_id, version = row[2], row[0] + 1
         c.execute(_EXTEND, (kind, sid, key, version, length + n, new_size, stamp, keep, expires))
     _add_items(c, list_id, length, items)
-    _feed.record(c, "kv", "append", kind, sid, key, version, length, n, at=stamp)
+    feed.record(c, "kv", "append", kind, sid, key, version, length, n, at=stamp)
     return length + n, version
 
 
@@ -264,7 +263,7 @@ def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list
            WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
         (kind, sid, key, version + 1, left, new_size, stamp),
     )
-    _feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k, at=stamp)
+    feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k, at=stamp)
     return removed, version + 1
 
 
@@ -281,7 +280,7 @@ def touch(c: apsw.Connection, kind: str, sid: str, key: str, ttl: float | None) 
     ).fetchone()
     if row is None:
         return None
-    _feed.record(c, "kv", "touch", kind, sid, key, row[0])
+    feed.record(c, "kv", "touch", kind, sid, key, row[0])
     return row[0]
 
 

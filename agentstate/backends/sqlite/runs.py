@@ -6,10 +6,10 @@ from typing import Any
 
 import apsw
 
-from . import _feed
-from ._connection import now_iso
-from ._encoding import same_json
-from .errors import HistoryGap, RunExists, RunNotFound
+from ..._encoding import same_json
+from ...errors import HistoryGap, RunExists, RunNotFound
+from ..base import now_iso
+from . import feed
 
 
 def write(
@@ -61,7 +61,7 @@ def write(
             "INSERT INTO run_entry (run_id, seq, entry) VALUES (?, ?, ?)",
             [(run_id, seq, text) for seq, text in new],
         )
-    _feed.record(c, "run", "create" if create else "write", None, run_id, None, None,
+    feed.record(c, "run", "create" if create else "write", None, run_id, None, None,
                  next_seq, len(new), at=now)
     return end
 
@@ -111,7 +111,7 @@ def tail(c: apsw.Connection, run_id: str, n: int) -> list[tuple[int, str]]:
 def delete(c: apsw.Connection, run_id: str) -> bool:
     if c.execute("DELETE FROM run WHERE id = ? RETURNING id", (run_id,)).fetchone() is None:
         return False
-    _feed.record(c, "run", "delete", None, run_id)
+    feed.record(c, "run", "delete", None, run_id)
     return True
 
 
@@ -127,7 +127,7 @@ def trim(c: apsw.Connection, run_id: str, before: int) -> int:
         return 0
     c.execute("UPDATE run SET first_seq = ? WHERE id = ?", (new_first, run_id))
     c.execute("DELETE FROM run_entry WHERE run_id = ? AND seq < ?", (run_id, new_first))
-    _feed.record(c, "run", "trim", None, run_id, None, None, new_first, removed)
+    feed.record(c, "run", "trim", None, run_id, None, None, new_first, removed)
     return removed
 
 
@@ -183,4 +183,4 @@ def fork(c: apsw.Connection, run_id: str, new_id: str, upto: int | None) -> None
            SELECT ?1, seq, entry FROM run_entry WHERE run_id = ?2 AND seq < ?3 ORDER BY seq""",
         (new_id, run_id, end),
     )
-    _feed.record(c, "run", "fork", None, new_id, None, None, first, end - first)
+    feed.record(c, "run", "fork", None, new_id, None, None, first, end - first)

@@ -1,15 +1,82 @@
-"""Upgrades of older files: MIGRATIONS[n] takes a file from schema version n to n + 1.
+"""The file's schema: ``schema.sql`` (the one copy), its version, and upgrades of older files.
 
-Each runs inside the one transaction that opens the file (all or nothing: a
-crash mid-upgrade leaves the older file as it was). New objects are created
-from ``schema.sql`` itself, by name, so their definition exists once.
+A new file gets the schema in one transaction; ``MIGRATIONS[n]`` takes a file
+from schema version n to n + 1, inside the one transaction that opens it (all
+or nothing: a crash mid-upgrade leaves the older file as it was). New objects
+are created from ``schema.sql`` itself, by name, so their definition exists
+once. The file is recognised by its ``application_id``; a newer one is
+refused, untouched.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
 
 import apsw
+
+from ...errors import Damaged, SchemaTooNew
+
+APPLICATION_ID = 1634952052  # 'agst'
+
+
+def schema_text() -> str:
+    """The schema: shipped inside the wheel, or the repository's top-level file."""
+    shipped = resources.files("agentstate").joinpath("schema.sql")
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[3] / "schema.sql").read_text(encoding="utf-8")
+
+
+SCHEMA = schema_text()
+SCHEMA_VERSION = int(re.findall(r"PRAGMA user_version = (\d+);", SCHEMA)[-1])
+
+
+def check_header(c: apsw.Connection, path: str) -> int:
+    """The file's schema version, once it is known to be ours (or empty)."""
+    # One statement, so one snapshot: another process may commit the schema (and
+    # user_version with it) between two separate reads.
+    version, app, objects = c.execute(
+        "SELECT user_version, application_id, (SELECT count(*) FROM sqlite_schema) "
+        "FROM pragma_user_version, pragma_application_id").fetchone()
+    if app not in (0, APPLICATION_ID):
+        raise Damaged(f"{path} is an SQLite file of another application (id {app})")
+    # Before anything is written (the WAL switch rewrites the header): a
+    # file without our schema must be empty to become ours, and a file
+    # with a schema version must carry our application id (the schema
+    # sets both in one transaction), whatever its user_version.
+    if version == 0 and objects:
+        raise Damaged(f"{path} is an SQLite database but not an agentstate one")
+    if version != 0 and app != APPLICATION_ID:
+        raise Damaged(
+            f"{path} is an SQLite database of another application (user_version "
+            f"{version}, no agentstate application id)"
+        )
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"{path} has schema version {version}; this agentstate knows up to "
+            f"{SCHEMA_VERSION}: upgrade agentstate"
+        )
+    return version
+
+
+def ensure_schema(c: apsw.Connection, path: str) -> None:
+    """A new file gets the schema, an older one its migrations, in one transaction."""
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        version = check_header(c, path)  # another process may have set it up meanwhile
+        if version == 0:
+            c.execute(SCHEMA)
+        while version < SCHEMA_VERSION and version != 0:
+            MIGRATIONS[version](c, SCHEMA)
+            version += 1
+            c.pragma("user_version", version)
+        c.execute("COMMIT")
+    except BaseException:
+        c.execute("ROLLBACK")
+        raise
 
 
 def statements(sql: str) -> list[str]:

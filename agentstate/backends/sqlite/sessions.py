@@ -12,10 +12,9 @@ from typing import Any
 
 import apsw
 
-from . import _feed, _kv
-from ._connection import now_iso
-from ._turnstate import LEASED, effective_status
-from .errors import InvalidTransition, NotFound, SessionBusy
+from ...errors import InvalidTransition, NotFound, SessionBusy
+from ..base import LEASED, effective_status, now_iso
+from . import feed, kv
 
 OPEN = ('queued', 'running', 'held', 'decided', 'resuming', 'expired')  # what turn_by_status indexes
 TURN_COLUMNS = ("id, session_id, n, status, input, request, decision, result, error, "
@@ -38,7 +37,7 @@ def create(c: apsw.Connection, session_id: str, owner: str, metadata: str) -> tu
         "INSERT INTO session (id, owner, created_at, metadata) VALUES (?, ?, ?, ?)",
         (session_id, owner, now, metadata),
     )
-    _feed.record(c, "session", "create", None, session_id)
+    feed.record(c, "session", "create", None, session_id)
     return (session_id, owner, now, metadata)
 
 
@@ -60,9 +59,9 @@ def sessions(c: apsw.Connection, name: str, admin: bool, after: str | None,
 
 def delete(c: apsw.Connection, session_id: str) -> None:
     """The session, its turns (cascade) and its session-scope keys, remembering versions."""
-    _kv.drop_scope(c, "session", session_id)
+    kv.drop_scope(c, "session", session_id)
     c.execute("DELETE FROM session WHERE id = ?", (session_id,))
-    _feed.record(c, "session", "delete", None, session_id)
+    feed.record(c, "session", "delete", None, session_id)
 
 
 def idle(c: apsw.Connection, cutoff: str, now: float) -> list[str]:
@@ -82,7 +81,7 @@ def expire_lapsed(c: apsw.Connection, session_id: str, now: float) -> None:
             WHERE session_id = ? AND status IN {LEASED} AND lease_until < ? RETURNING id""",
         (now_iso(), session_id, now),
     ).fetchall():
-        _feed.record(c, "session", "expired", None, session_id, turn_id)
+        feed.record(c, "session", "expired", None, session_id, turn_id)
 
 
 def start(
@@ -101,7 +100,7 @@ def start(
                 RETURNING {TURN_COLUMNS}""",
             (turn_id, session_id, status, input_, lease, now + lease, stamp),
         ).fetchone()
-        _feed.record(c, "session", status, None, session_id, turn_id)
+        feed.record(c, "session", status, None, session_id, turn_id)
         return row
     except apsw.ConstraintError:
         active = c.execute(
@@ -197,7 +196,7 @@ def move(
         params,
     ).fetchone()
     if row is not None:
-        _feed.record(c, "session", to, None, row[1], turn_id)
+        feed.record(c, "session", to, None, row[1], turn_id)
         return row
     cur = turn_row(c, turn_id)
     if cur is None:  # pragma: no cover - the caller checked access first

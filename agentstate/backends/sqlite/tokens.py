@@ -6,7 +6,7 @@ from typing import Any
 
 import apsw
 
-from ._connection import now_iso
+from ..base import now_iso
 
 
 def create(c: apsw.Connection, digest: str, name: str, admin: bool) -> None:
