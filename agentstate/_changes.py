@@ -29,7 +29,7 @@ class Change(NamedTuple):
     key: str | None
     version: int | None
     start: int | None
-    count: int | None
+    count: int | None  # type: ignore[assignment]  # a field (SPEC §9), over tuple.count
 
 
 def change(row: tuple[Any, ...]) -> Change:

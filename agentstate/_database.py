@@ -229,12 +229,8 @@ def open(
         raise UsageError(f"open() takes a file path or a postgresql:// URL, not {target!r}: "
                          "for an agentstate server use agentstate.connect(url, token=...)")
     try:
-        options = Options(
-            path=fs_path(target),
-            durability=durability,
-            busy_timeout=busy_timeout,
-            vfs=vfs,
-        )
+        options = Options.model_validate({"path": fs_path(target), "durability": durability,
+                                          "busy_timeout": busy_timeout, "vfs": vfs})
     except (ValidationError, TypeError) as e:
         raise InvalidValue(f"bad open() argument: {e}") from None
     from .backends import sqlite
@@ -249,7 +245,8 @@ def is_server_url(target: str) -> bool:
 
 def _open_server(url: str, durability: str, busy_timeout: float) -> Database:
     try:
-        options = Options(path=url, durability=durability, busy_timeout=busy_timeout)
+        options = Options.model_validate({"path": url, "durability": durability,
+                                          "busy_timeout": busy_timeout})
     except (ValidationError, TypeError) as e:
         raise InvalidValue(f"bad open() argument: {e}") from None
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import InvalidKey, InvalidValue, TooLarge
@@ -68,7 +69,7 @@ _loads = _decoder.decode
 # whitespace and then checks for trailing text, each with a regex; agentstate
 # stores compact JSON, which has none, so a read parses ~0.7 µs sooner
 # (benchmarks/PYTHON-COST.md). Anything else takes ``_loads`` (see decode()).
-_scan = _decoder.scan_once
+_scan: Any = getattr(_decoder, "scan_once")  # set by JSONDecoder.__init__
 
 
 def check_key(key: Any, what: str = "key") -> str:
@@ -134,6 +135,7 @@ def check_value(value: Any) -> None:
             if depth > MAX_DEPTH:
                 raise InvalidValue(f"nesting deeper than {MAX_DEPTH} levels")
             d = depth + 1
+            children: Iterable[Any]
             if isinstance(v, dict):
                 for k in v:
                     if not isinstance(k, str):

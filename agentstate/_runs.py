@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import os
-from pathlib import Path
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic.dataclasses import dataclass
@@ -268,8 +269,8 @@ class RunStore:
         if snapshot is not None and not isinstance(snapshot, dict):
             raise Damaged(f"run {run_id!r}: the snapshot is not an object")
         open_calls: dict[Any, Any] = {}  # insertion-ordered: calls in history order
-        for e in entries:
-            kind, call_id = e.get("type"), e.get("call_id")
+        for entry in entries:
+            kind, call_id = entry.get("type"), entry.get("call_id")
             if call_id is None:
                 continue
             if kind == "tool_call":
@@ -283,8 +284,8 @@ class RunStore:
         return Record(entries + synthetic, snapshot)
 
     @staticmethod
-    def _verify(run_id: str, rows: list[tuple[int, str]], first: int,
-                next_seq: int) -> list[dict[str, Any]]:
+    def _verify(run_id: str, rows: builtins.list[tuple[int, str]], first: int,
+                next_seq: int) -> builtins.list[dict[str, Any]]:
         entries = []
         for i, (seq, text) in enumerate(rows, first):
             try:
@@ -313,7 +314,7 @@ class RunStore:
         """Write the run to ``folder/{run_id}/log.jsonl`` and ``snapshot.json``."""
         return _runfiles.export_run(self, run_id, folder)
 
-    def import_runs(self, folder: str | os.PathLike[str]) -> list[_runfiles.ImportResult]:
+    def import_runs(self, folder: str | os.PathLike[str]) -> builtins.list[_runfiles.ImportResult]:
         """Import every run folder below ``folder``; see ``_runfiles.import_runs``."""
         return _runfiles.import_runs(self, folder)
 

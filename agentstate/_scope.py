@@ -133,9 +133,10 @@ class Scope:
         """
         check_key(key)
         if_version = _check_version(if_version)
-        ttl = KEEP if ttl == KEEP else _ttl(ttl)
+        expiry: Any = KEEP if ttl == KEEP else _ttl(ttl)
         type_, stored, size, items = _encode_value(value)
-        return self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items, if_version, ttl)
+        return self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items, if_version,
+                                expiry)
 
     def delete(self, key: str, *, if_version: int | None = None) -> bool:
         """Remove ``key``; True if it existed. :raises VersionConflict: as for put."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -187,7 +188,7 @@ class Sessions:
         self.get(session_id, principal)
         return Scope(self._ops, "session", session_id)
 
-    def prune(self, principal: Principal, *, idle_for: float) -> list[str]:
+    def prune(self, principal: Principal, *, idle_for: float) -> builtins.list[str]:
         """Admins only: delete the sessions with no turn started for ``idle_for``
         seconds and none queued or running, with their turns and session-scope
         state; return their ids. :raises Forbidden: not an admin."""
@@ -246,7 +247,7 @@ class Sessions:
         return Turn(self, p, self._turn_row(turn_id, p))
 
     def turns(self, session_id: str, principal: Principal, *, after: str | None = None,
-              limit: int | None = None) -> list[Turn]:
+              limit: int | None = None) -> builtins.list[Turn]:
         """The session's turns, newest first.
 
         Paged: ``after`` (the id of a page's last turn) returns the older ones, ``limit``
@@ -259,7 +260,7 @@ class Sessions:
         return [Turn(self, p, r) for r in self._ops.turn_list(session_id, p.name, p.admin, after, limit)]
 
     def turns_by_status(self, principal: Principal, status: str | Iterable[str] = FINDABLE, *,
-                        after: str | None = None, limit: int | None = None) -> list[Turn]:
+                        after: str | None = None, limit: int | None = None) -> builtins.list[Turn]:
         """Turns that block, may still act or lost their lease, across the principal's
         sessions (an admin's: all), newest first: ``status`` is one or several of
         ``queued``, ``running``, ``held``, ``decided``, ``resuming`` (with a lease that

@@ -115,7 +115,7 @@ def prune(obj: Ctx, runs_older: float | None, all_runs: bool, sessions_idle: flo
 def settings(obj: Ctx, name: str | None, value: str | None) -> None:
     """Show the settings, one setting, or set NAME to the JSON VALUE."""
     db = obj.open()
-    if value is not None:
+    if name is not None and value is not None:
         db.set_setting(name, parse_json(value, "VALUE"))
     current = db.settings()
     if name is None:

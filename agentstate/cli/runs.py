@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import click
 
 from ._base import ARGS, Ctx, cli, fail, paged, pass_obj, show, table
@@ -19,11 +21,16 @@ def runs_list(obj: Ctx, limit: int | None, after: str | None) -> None:
     """Every run, most recently updated first."""
     rs = obj.open().runs.list(after=after, limit=limit)
     data = [{"id": r.id, "task": r.task, "turn": r.turn, "stopped_by": r.stopped_by,
-             "finished": r.finished, "created_at": r.created_at.isoformat(),
-             "updated_at": r.updated_at.isoformat()} for r in rs]
+             "finished": r.finished, "created_at": _iso(r.created_at),
+             "updated_at": _iso(r.updated_at)} for r in rs]
     obj.out(data, table(("ID", "TASK", "TURN", "FINISHED", "UPDATED"),
                         [(r.id, r.task[:40], r.turn, "yes" if r.finished else "no",
-                          r.updated_at.strftime("%Y-%m-%d %H:%M:%S")) for r in rs]))
+                          r.updated_at and r.updated_at.strftime("%Y-%m-%d %H:%M:%S"))
+                         for r in rs]))
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.isoformat()
 
 
 @runs.command("show", context_settings=ARGS)

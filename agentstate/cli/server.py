@@ -19,7 +19,7 @@ def serve(obj: Ctx, host: str, port: int) -> None:
     try:
         import uvicorn
 
-        from .server import create_app
+        from ..server import create_app
     except ImportError as e:
         fail("usage_error", f"serve needs the server extra: pip install 'agentstate[server]' ({e})")
     db = obj.open(create=True)

@@ -144,7 +144,7 @@ def info(store: Store) -> dict[str, Any]:
                                 (SELECT count(*) FROM kv), (SELECT count(*) FROM list_item),
                                 (SELECT count(*) FROM run), (SELECT count(*) FROM run_entry),
                                 (SELECT count(*) FROM session), (SELECT count(*) FROM turn),
-                                (SELECT count(*) FROM change)""").fetchone(),
+                                (SELECT count(*) FROM change)""").get,
         ))
         version = c.pragma("user_version")
     return {

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import apsw
 
-from ..base import SETTINGS, check_cursor, iso, now_iso
+from ..base import Conn, SETTINGS, check_cursor, iso, now_iso
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -32,24 +31,24 @@ DELETE FROM change WHERE at < ?2 AND seq < coalesce(
     (SELECT max(seq) FROM change))"""
 
 
-def record(c: apsw.Connection, topic: str, op: str, kind: str | None = None,
+def record(c: Conn, topic: str, op: str, kind: str | None = None,
            sid: str | None = None, key: str | None = None, version: int | None = None,
            start: int | None = None, count: int | None = None, at: str | None = None) -> None:
     """The change row of a write; ``at``: the write's own now_iso() stamp, when it has one."""
     c.execute(_RECORD, (at or now_iso(), topic, op, kind, sid, key, version, start, count))
 
 
-def head(c: apsw.Connection) -> int:
+def head(c: Conn) -> int:
     """The newest seq handed out (the purge always keeps its row); 0 on a new file."""
     return c.execute("SELECT coalesce(max(seq), 0) FROM change").fetchone()[0]
 
 
-def oldest(c: apsw.Connection) -> int | None:
+def oldest(c: Conn) -> int | None:
     row = c.execute("SELECT min(seq) FROM change").fetchone()
     return row[0]
 
 
-def changes(c: apsw.Connection, since: int, limit: int, filters: dict[str, Any]) -> list[tuple[Any, ...]]:
+def changes(c: Conn, since: int, limit: int, filters: dict[str, Any]) -> list[tuple[Any, ...]]:
     where = "".join(f" AND {name} = :{name}" for name in filters)
     return c.execute(
         f"SELECT {COLUMNS} FROM change WHERE seq > :since{where} ORDER BY seq LIMIT :limit",
@@ -57,7 +56,7 @@ def changes(c: apsw.Connection, since: int, limit: int, filters: dict[str, Any])
     ).fetchall()
 
 
-def scan(c: apsw.Connection, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
     """(change rows after since, head) in the caller's read transaction.
 
     :raises CursorExpired: some change after ``since`` is no longer kept.
@@ -68,21 +67,21 @@ def scan(c: apsw.Connection, since: int, limit: int, flt: dict[str, Any]) -> tup
     return changes(c, since, limit, flt), top
 
 
-def setting(c: apsw.Connection, name: str) -> Any:
+def setting(c: Conn, name: str) -> Any:
     row = c.execute("SELECT value FROM setting WHERE name = ?", (name,)).fetchone()
     return SETTINGS[name] if row is None else row[0]
 
 
-def settings(c: apsw.Connection) -> dict[str, Any]:
+def settings(c: Conn) -> dict[str, Any]:
     return {**SETTINGS, **dict(c.execute("SELECT name, value FROM setting").fetchall())}
 
 
-def set_setting(c: apsw.Connection, name: str, value: Any) -> None:
+def set_setting(c: Conn, name: str, value: Any) -> None:
     c.execute("INSERT INTO setting (name, value) VALUES (?, ?) "
               "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
 
 
-def purge_step(c: apsw.Connection, now: float, batch: int) -> int:
+def purge_step(c: Conn, now: float, batch: int) -> int:
     """Remove up to ``batch`` feed rows past the retention; how many."""
     c.execute(_PURGE, (batch, iso(max(0.0, now - setting(c, "feed_retention")))))
     return c.changes()

@@ -16,17 +16,21 @@ followers, or write alone when no group is under way.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from _thread import allocate_lock as _lock  # a bare lock: a cheaper wake-up than an Event
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import apsw
 
 from .busy import wait_up_to
 from .errors import outcome_unknown, translate
 from .transactions import Write, roll_back
+
+if TYPE_CHECKING:
+    from .store import Store
 
 
 class GroupCommit:
@@ -38,6 +42,7 @@ class GroupCommit:
     _queue: list[_Pending]
     _leading: bool
     _writes: int
+    _txn: contextvars.ContextVar[list[bool] | None]
     _closed: bool
     busy_ms: int
     group_commit: bool
@@ -67,7 +72,7 @@ class GroupCommit:
         local = self._local
         if local.depth or c.in_transaction or not self.group_commit:
             # in transaction() a savepoint (in a snapshot: refused there, as always)
-            with Write(self) as c:
+            with Write(cast("Store", self)) as c:
                 return fn(c, *args)
         self.check_owner()  # inside another thread's transaction(): refused, as with write()
         if local.solo:  # a finalizer run in the bookkeeping below

@@ -15,11 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import apsw
 
 from ..._encoding import MAX_VALUE
 from ...errors import NotAList, TooLarge, VersionConflict
-from ..base import KEEP, now_iso
+from ..base import Conn, KEEP, now_iso
 from . import feed
 
 Row = tuple[Any, ...]
@@ -78,7 +77,7 @@ def _conflict(what: str, expected: int, current: int) -> VersionConflict:
     )
 
 
-def _remove(c: apsw.Connection, kind: str, sid: str, key: str, version: int,
+def _remove(c: Conn, kind: str, sid: str, key: str, version: int,
             list_id: int | None, op: str) -> None:
     """Delete a key's row (and a list's items), remembering its version; record ``op``."""
     if list_id is not None:
@@ -88,7 +87,7 @@ def _remove(c: apsw.Connection, kind: str, sid: str, key: str, version: int,
     feed.record(c, "kv", op, kind, sid, key, version)
 
 
-def _settle(c: apsw.Connection, kind: str, sid: str, key: str, now: float) -> Row | None:
+def _settle(c: Conn, kind: str, sid: str, key: str, now: float) -> Row | None:
     """The key's live row (version, type, list_id, length, size, expires_at), or None;
     an expired row met here is expired for good first."""
     row = c.execute(_FIND, (kind, sid, key)).fetchone()
@@ -109,12 +108,12 @@ _GET = """SELECT type, value, version,
                     AND (expires_at IS NULL OR expires_at > ?4)"""
 
 
-def get(c: apsw.Connection, kind: str, sid: str, key: str) -> Row | None:
+def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
     return c.execute(_GET, (kind, sid, key, time.time())).fetchone()
 
 
-def _add_items(c: apsw.Connection, list_id: int, start: int, items: list[str]) -> None:
+def _add_items(c: Conn, list_id: int, start: int, items: list[str]) -> None:
     if len(items) == 1:  # the common append: one execute costs less than executemany's setup
         c.execute(_ADD_ITEMS, (list_id, start, items[0]))
     elif items:
@@ -122,7 +121,7 @@ def _add_items(c: apsw.Connection, list_id: int, start: int, items: list[str]) -
 
 
 def put(
-    c: apsw.Connection,
+    c: Conn,
     kind: str,
     sid: str,
     key: str,
@@ -175,12 +174,12 @@ def put(
     else:
         c.execute(_REPLACE, args)
         version = current + 1
-    feed.record(c, "kv", "put", kind, sid, key, version,
-                 *((0, length) if items is not None else (None, None)), at=args["stamp"])
+    start, count = (0, length) if items is not None else (None, None)
+    feed.record(c, "kv", "put", kind, sid, key, version, start, count, at=args["stamp"])
     return version
 
 
-def delete(c: apsw.Connection, kind: str, sid: str, key: str, if_version: int | None) -> bool:
+def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
     """Remove a key (and a list's items), remembering its version; whether it existed."""
     row = _settle(c, kind, sid, key, time.time())
     current = row[0] if row else 0
@@ -193,7 +192,7 @@ def delete(c: apsw.Connection, kind: str, sid: str, key: str, if_version: int | 
 
 
 def append(
-    c: apsw.Connection, kind: str, sid: str, key: str, items: list[str], items_size: int,
+    c: Conn, kind: str, sid: str, key: str, items: list[str], items_size: int,
     ttl: Any = KEEP,
 ) -> tuple[int, int]:
     """Add items at the end of a list (created if absent); return (length, version).
@@ -237,7 +236,7 @@ def append(
     return length + n, version
 
 
-def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]:
+def pop(c: Conn, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]:
     """Remove the last ``n`` items of a list; return their texts in list order and the version."""
     row = _settle(c, kind, sid, key, time.time())
     if row is None:
@@ -267,7 +266,7 @@ def pop(c: apsw.Connection, kind: str, sid: str, key: str, n: int) -> tuple[list
     return removed, version + 1
 
 
-def touch(c: apsw.Connection, kind: str, sid: str, key: str, ttl: float | None) -> int | None:
+def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | None:
     """Set a live key's expiry ``ttl`` seconds from now (None: never), value and version
     unchanged; its version, or None when absent."""
     now = time.time()
@@ -284,7 +283,7 @@ def touch(c: apsw.Connection, kind: str, sid: str, key: str, ttl: float | None) 
     return row[0]
 
 
-def expires_at(c: apsw.Connection, kind: str, sid: str, key: str) -> tuple[float | None] | None:
+def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None:
     """(expires_at,) of a live key, or None when absent."""
     return c.execute(
         f"SELECT expires_at FROM kv WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}",
@@ -293,7 +292,7 @@ def expires_at(c: apsw.Connection, kind: str, sid: str, key: str) -> tuple[float
 
 
 def slice_items(
-    c: apsw.Connection, kind: str, sid: str, key: str, start: int, stop: int | None
+    c: Conn, kind: str, sid: str, key: str, start: int, stop: int | None
 ) -> list[str] | None:
     """Item texts of list[start:stop] in one statement; None when not a list."""
     rows = c.execute(
@@ -314,7 +313,7 @@ def slice_items(
     return [r[1] for r in rows if r[1] is not None]
 
 
-def length(c: apsw.Connection, kind: str, sid: str, key: str) -> int | None:
+def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
     row = c.execute(
         f"SELECT type, length FROM kv WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}",
@@ -326,7 +325,7 @@ def length(c: apsw.Connection, kind: str, sid: str, key: str) -> int | None:
 
 
 def keys(
-    c: apsw.Connection, kind: str, sid: str, prefix: str, after: str | None, limit: int | None
+    c: Conn, kind: str, sid: str, prefix: str, after: str | None, limit: int | None
 ) -> list[str]:
     """Live keys starting with ``prefix`` (a range scan of the primary key), ascending."""
     lo = prefix if after is None or after < prefix else after
@@ -344,7 +343,7 @@ def keys(
     ]
 
 
-def drop_scope(c: apsw.Connection, kind: str, sid: str) -> None:
+def drop_scope(c: Conn, kind: str, sid: str) -> None:
     """Delete every key of a scope (and list items), remembering versions; a change each."""
     now = time.time()
     for key, version, list_id, expires in c.execute(
@@ -355,7 +354,7 @@ def drop_scope(c: apsw.Connection, kind: str, sid: str) -> None:
                 "expire" if expires is not None and expires <= now else "delete")
 
 
-def purge_expired(c: apsw.Connection, now: float, batch: int) -> int:
+def purge_expired(c: Conn, now: float, batch: int) -> int:
     """Expire up to ``batch`` keys whose time has come, soonest first; how many."""
     # The batch as a literal: with LIMIT ? this statement took ~8 us instead of ~3.5
     # (benchmarks/PYTHON-COST.md), and it runs in every housekeeping step.

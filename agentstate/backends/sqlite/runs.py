@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import apsw
 
 from ..._encoding import same_json
 from ...errors import HistoryGap, RunExists, RunNotFound
-from ..base import now_iso
+from ..base import Conn, now_iso
 from . import feed
 
 
 def write(
-    c: apsw.Connection,
+    c: Conn,
     run_id: str,
     entries: list[tuple[int, str]],
     snapshot: str | None,
@@ -66,7 +65,7 @@ def write(
     return end
 
 
-def _check_resent(c: apsw.Connection, run_id: str, old: list[tuple[int, str]]) -> None:
+def _check_resent(c: Conn, run_id: str, old: list[tuple[int, str]]) -> None:
     """Entries re-sent with a stored seq are skipped only if they are the stored ones.
 
     A retry sends the same entries again; a different entry at a stored seq is
@@ -85,7 +84,7 @@ def _check_resent(c: apsw.Connection, run_id: str, old: list[tuple[int, str]]) -
             )
 
 
-def head(c: apsw.Connection, run_id: str) -> tuple[Any, ...] | None:
+def head(c: Conn, run_id: str) -> tuple[Any, ...] | None:
     """(snapshot, next_seq, format, first_seq, created_at, updated_at) of a run, or None."""
     return c.execute(
         "SELECT snapshot, next_seq, format, first_seq, created_at, updated_at FROM run WHERE id = ?",
@@ -93,14 +92,14 @@ def head(c: apsw.Connection, run_id: str) -> tuple[Any, ...] | None:
     ).fetchone()
 
 
-def entries(c: apsw.Connection, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
+def entries(c: Conn, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
     return c.execute(
         "SELECT seq, entry FROM run_entry WHERE run_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
         (run_id, since, -1 if limit is None else limit),
     ).fetchall()
 
 
-def tail(c: apsw.Connection, run_id: str, n: int) -> list[tuple[int, str]]:
+def tail(c: Conn, run_id: str, n: int) -> list[tuple[int, str]]:
     rows = c.execute(
         "SELECT seq, entry FROM run_entry WHERE run_id = ? ORDER BY seq DESC LIMIT ?", (run_id, n)
     ).fetchall()
@@ -108,14 +107,14 @@ def tail(c: apsw.Connection, run_id: str, n: int) -> list[tuple[int, str]]:
     return rows
 
 
-def delete(c: apsw.Connection, run_id: str) -> bool:
+def delete(c: Conn, run_id: str) -> bool:
     if c.execute("DELETE FROM run WHERE id = ? RETURNING id", (run_id,)).fetchone() is None:
         return False
     feed.record(c, "run", "delete", None, run_id)
     return True
 
 
-def trim(c: apsw.Connection, run_id: str, before: int) -> int:
+def trim(c: Conn, run_id: str, before: int) -> int:
     """Remove the entries with seq < before; the history then starts at that seq."""
     row = c.execute("SELECT next_seq, first_seq FROM run WHERE id = ?", (run_id,)).fetchone()
     if row is None:
@@ -131,7 +130,7 @@ def trim(c: apsw.Connection, run_id: str, before: int) -> int:
     return removed
 
 
-def prune(c: apsw.Connection, cutoff: str, finished_only: bool) -> list[str]:
+def prune(c: Conn, cutoff: str, finished_only: bool) -> list[str]:
     """Delete the runs last written before ``cutoff`` (only finished ones if asked)."""
     ids = [r[0] for r in c.execute(
         """SELECT id FROM run WHERE updated_at < ?1
@@ -142,7 +141,7 @@ def prune(c: apsw.Connection, cutoff: str, finished_only: bool) -> list[str]:
     return ids
 
 
-def summaries(c: apsw.Connection, after: str | None, limit: int | None) -> list[tuple[Any, ...]]:
+def summaries(c: Conn, after: str | None, limit: int | None) -> list[tuple[Any, ...]]:
     """Runs' ids, times and snapshot summary fields, newest update first: those listed
     after the run ``after`` (a page's last), at most ``limit``.
 
@@ -161,7 +160,7 @@ def summaries(c: apsw.Connection, after: str | None, limit: int | None) -> list[
     ).fetchall()
 
 
-def fork(c: apsw.Connection, run_id: str, new_id: str, upto: int | None) -> None:
+def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:
     src = c.execute("SELECT snapshot, first_seq, next_seq FROM run WHERE id = ?", (run_id,)).fetchone()
     if src is None:
         raise RunNotFound(f"no run {run_id!r} to fork")

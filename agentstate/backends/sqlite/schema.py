@@ -40,7 +40,7 @@ def check_header(c: apsw.Connection, path: str) -> int:
     # user_version with it) between two separate reads.
     version, app, objects = c.execute(
         "SELECT user_version, application_id, (SELECT count(*) FROM sqlite_schema) "
-        "FROM pragma_user_version, pragma_application_id").fetchone()
+        "FROM pragma_user_version, pragma_application_id").get  # one row, always
     if app not in (0, APPLICATION_ID):
         raise Damaged(f"{path} is an SQLite file of another application (id {app})")
     # Before anything is written (the WAL switch rewrites the header): a

@@ -13,7 +13,7 @@ from typing import Any
 import apsw
 
 from ...errors import InvalidTransition, NotFound, SessionBusy
-from ..base import LEASED, effective_status, now_iso
+from ..base import Conn, LEASED, effective_status, now_iso
 from . import feed, kv
 
 OPEN = ('queued', 'running', 'held', 'decided', 'resuming', 'expired')  # what turn_by_status indexes
@@ -21,7 +21,7 @@ TURN_COLUMNS = ("id, session_id, n, status, input, request, decision, result, er
                 "lease_until, created_at, updated_at, lease")
 
 
-def session_row(c: apsw.Connection, session_id: str, name: str, admin: bool) -> tuple[Any, ...]:
+def session_row(c: Conn, session_id: str, name: str, admin: bool) -> tuple[Any, ...]:
     """The session as this principal may see it; NotFound for others' sessions too."""
     row = c.execute(
         "SELECT id, owner, created_at, metadata FROM session WHERE id = ?", (session_id,)
@@ -31,7 +31,7 @@ def session_row(c: apsw.Connection, session_id: str, name: str, admin: bool) -> 
     return row
 
 
-def create(c: apsw.Connection, session_id: str, owner: str, metadata: str) -> tuple[Any, ...]:
+def create(c: Conn, session_id: str, owner: str, metadata: str) -> tuple[Any, ...]:
     now = now_iso()
     c.execute(
         "INSERT INTO session (id, owner, created_at, metadata) VALUES (?, ?, ?, ?)",
@@ -41,7 +41,7 @@ def create(c: apsw.Connection, session_id: str, owner: str, metadata: str) -> tu
     return (session_id, owner, now, metadata)
 
 
-def sessions(c: apsw.Connection, name: str, admin: bool, after: str | None,
+def sessions(c: Conn, name: str, admin: bool, after: str | None,
              limit: int | None) -> list[tuple[Any, ...]]:
     """The principal's sessions (an admin's: all), newest first: those listed after the
     session ``after`` (a page's last; NotFound if gone or not visible), at most ``limit``."""
@@ -57,14 +57,14 @@ def sessions(c: apsw.Connection, name: str, admin: bool, after: str | None,
     ).fetchall()
 
 
-def delete(c: apsw.Connection, session_id: str) -> None:
+def delete(c: Conn, session_id: str) -> None:
     """The session, its turns (cascade) and its session-scope keys, remembering versions."""
     kv.drop_scope(c, "session", session_id)
     c.execute("DELETE FROM session WHERE id = ?", (session_id,))
     feed.record(c, "session", "delete", None, session_id)
 
 
-def idle(c: apsw.Connection, cutoff: str, now: float) -> list[str]:
+def idle(c: Conn, cutoff: str, now: float) -> list[str]:
     """Sessions with no turn started since ``cutoff`` and none queued, running or resuming
     (with a live lease), oldest first."""
     return [r[0] for r in c.execute(
@@ -75,7 +75,7 @@ def idle(c: apsw.Connection, cutoff: str, now: float) -> list[str]:
            ORDER BY s.created_at, s.id""", (cutoff, now)).fetchall()]
 
 
-def expire_lapsed(c: apsw.Connection, session_id: str, now: float) -> None:
+def expire_lapsed(c: Conn, session_id: str, now: float) -> None:
     for (turn_id,) in c.execute(
         f"""UPDATE turn SET status = 'expired', updated_at = ?
             WHERE session_id = ? AND status IN {LEASED} AND lease_until < ? RETURNING id""",
@@ -85,7 +85,7 @@ def expire_lapsed(c: apsw.Connection, session_id: str, now: float) -> None:
 
 
 def start(
-    c: apsw.Connection, turn_id: str, session_id: str, status: str, input_: str | None, lease: float
+    c: Conn, turn_id: str, session_id: str, status: str, input_: str | None, lease: float
 ) -> tuple[Any, ...]:
     """Insert a queued or running turn; SessionBusy while another one is active."""
     now = time.time()
@@ -114,11 +114,11 @@ def start(
         ) from None
 
 
-def turn_row(c: apsw.Connection, turn_id: str) -> tuple[Any, ...] | None:
+def turn_row(c: Conn, turn_id: str) -> tuple[Any, ...] | None:
     return c.execute(f"SELECT {TURN_COLUMNS} FROM turn WHERE id = ?", (turn_id,)).fetchone()
 
 
-def turns(c: apsw.Connection, session_id: str, after: str | None,
+def turns(c: Conn, session_id: str, after: str | None,
           limit: int | None) -> list[tuple[Any, ...]]:
     """The session's turns, newest first: those after the turn ``after`` (of this
     session; NotFound if not), at most ``limit``."""
@@ -134,7 +134,7 @@ def turns(c: apsw.Connection, session_id: str, after: str | None,
     ).fetchall()
 
 
-def turns_by_status(c: apsw.Connection, name: str, admin: bool, live: tuple[str, ...],
+def turns_by_status(c: Conn, name: str, admin: bool, live: tuple[str, ...],
                     expired: bool, now: float, after: str | None,
                     limit: int | None) -> list[tuple[Any, ...]]:
     """Turns in the ``live`` statuses whose lease holds, and (``expired``) those whose
@@ -172,7 +172,7 @@ def turns_by_status(c: apsw.Connection, name: str, admin: bool, live: tuple[str,
 
 
 def move(
-    c: apsw.Connection,
+    c: Conn,
     turn_id: str,
     from_states: tuple[str, ...],
     to: str,
@@ -206,7 +206,7 @@ def move(
 
 
 
-def active_turn(c: apsw.Connection, session_id: str) -> tuple[Any, ...] | None:
+def active_turn(c: Conn, session_id: str) -> tuple[Any, ...] | None:
     return c.execute(
         f"SELECT {TURN_COLUMNS} FROM turn WHERE session_id = ? AND status IN ('queued', 'running')",
         (session_id,),
