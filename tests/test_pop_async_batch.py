@@ -556,3 +556,51 @@ def test_a_batch_writes_what_the_scope_writes(db):
         assert (batched.expires_at(key) is None) == (direct.expires_at(key) is None)
     assert batched.length("l") == 2 and batched.slice("a", 1) == [{"x": 2}, 3]
 
+
+async def _call_async_twin(scope, name, args, kwargs):
+    return await getattr(scope, "a" + name)(*args, **kwargs)
+
+
+def _outcome(call):
+    try:
+        return ("ok", call())
+    except Exception as e:
+        return ("error", type(e), getattr(e, "current_version", None))
+
+
+def test_each_async_twin_answers_as_its_twin(db):
+    """Every Scope method and its async twin, on two scopes set up alike: the same answer
+    or the same error, and the same state after (SPEC §2: "behaves exactly like its twin").
+    (aupdate cleared a key's expiry where update keeps it.)"""
+    def inc(n):
+        return n + 1
+
+    calls = [
+        ("get", ("n",), {}), ("get", ("absent", 5), {}), ("get_versioned", ("n",), {}),
+        ("get_versioned", ("absent",), {}), ("get", ("raw",), {}),
+        ("put", ("p", {"a": 1}), {"if_version": 0}), ("put", ("p", 2), {"if_version": 5}),
+        ("put", ("p", {1: 2}), {}), ("put", ("p", 3), {"ttl": 60}),
+        ("update", ("n", inc), {}), ("update", ("new", inc), {"default": 0}),
+        ("update", ("p", inc), {}), ("update", ("raw", inc), {}),
+        ("append", ("l", [4]), {}), ("append", ("l2", [1]), {"ttl": 60}), ("append", ("n", [1]), {}),
+        ("pop", ("l", 2), {}), ("pop", ("absent", 1), {}), ("slice", ("l", -1), {}),
+        ("length", ("l",), {}), ("length", ("n",), {}), ("list", (), {}), ("list", ("l",), {"limit": 1}),
+        ("put_bytes", ("b2", b"x"), {"ttl": 60}), ("get_bytes", ("raw",), {}), ("get_bytes", ("n",), {}),
+        ("touch", ("l", 120), {}), ("touch", ("absent", 1), {}),
+        ("delete", ("b2",), {"if_version": 7}), ("delete", ("b2",), {}),
+    ]
+    plain, twin = db.scope("app", "plain"), db.scope("app", "twin")
+    for s in (plain, twin):
+        s.put("n", 1, ttl=60)
+        s.put("l", [1, 2, 3], ttl=60)
+        s.put_bytes("raw", b"not json")
+    for name, args, kwargs in calls:
+        want = _outcome(lambda: getattr(plain, name)(*args, **kwargs))
+        got = _outcome(lambda: asyncio.run(_call_async_twin(twin, name, args, kwargs)))
+        assert got == want, f"a{name}{args}"
+    keys = plain.list()
+    assert twin.list() == keys
+    for key in keys:
+        assert twin.get_bytes(key) == plain.get_bytes(key), key
+        assert _outcome(lambda: twin.get_versioned(key)) == _outcome(lambda: plain.get_versioned(key))
+        assert (twin.expires_at(key) is None) == (plain.expires_at(key) is None), key
