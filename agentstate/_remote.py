@@ -191,13 +191,31 @@ class RemoteOps:
         return path + (f"/{_q(key)}" if key else "") + tail
 
     def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
+        path = self._key(kind, sid, key)
+        if raw:
+            return self._bytes(path)
+        for _ in range(3):
+            try:
+                d = self._call("GET", path)
+            except E.NotFound:
+                return None
+            except E.InvalidValue:
+                # Stored bytes that are not JSON: the server will not parse them (400).
+                # Parse them here, so the error is a local get's own json.JSONDecodeError.
+                row = self._bytes(path)
+                if row is None:
+                    return None  # deleted meanwhile
+                decode(row[1])  # raises json.JSONDecodeError, as Scope.get does
+                continue  # they parse now: rewritten meanwhile, so ask again
+            return ("json", _dumps(d["value"]), d["version"], None)
+        raise E.InvalidValue(f"GET {path}: the server refuses to parse bytes that parse here")
+
+    def _bytes(self, path: str) -> Row | None:
+        """A key's stored bytes (a JSON value as its UTF-8 text), or None when absent."""
         try:
-            if raw:
-                return ("bytes", self._call("GET", self._key(kind, sid, key), raw=True), 0, None)
-            d = self._call("GET", self._key(kind, sid, key))
+            return ("bytes", self._call("GET", path, raw=True), 0, None)
         except E.NotFound:
             return None
-        return ("json", _dumps(d["value"]), d["version"], None)
 
     def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
                items: list[str] | None, if_version: int | None, ttl: Any) -> int:
@@ -343,11 +361,12 @@ class RemoteOps:
 
     def _page(self, path: str, field: str, after: str | None, limit: int | None,
               who: str | None = None, **params: Any) -> list[dict[str, Any]]:
-        """A list route's items (the server takes limits from 1; limit 0 asks nothing)."""
-        if limit == 0:
-            return []
-        return self._call("GET", path, params={**params, "after": after, "limit": limit},
-                          who=who, runs=field == "runs")[field]
+        """A list route's items. The server takes limits from 1: limit 0 asks for 1 and
+        answers [], so an unknown ``after`` or session is still refused, as locally."""
+        asked = 1 if limit == 0 else limit
+        items = self._call("GET", path, params={**params, "after": after, "limit": asked},
+                           who=who, runs=field == "runs")[field]
+        return [] if limit == 0 else items
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
                   to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:

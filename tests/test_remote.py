@@ -23,6 +23,7 @@ from agentstate.server import create_app
 
 from .test_expiry import *  # noqa: F403
 from .test_feed import *  # noqa: F403
+from .test_parity import *  # noqa: F403
 from .test_pop_async_batch import *  # noqa: F403
 from .test_runs import *  # noqa: F403
 from .test_scope import *  # noqa: F403
@@ -192,3 +193,22 @@ def test_an_update_whose_function_waits_for_another_thread_s_update_does_not_han
     began = time.monotonic()
     assert s.update("x", fn, default=0) == 2
     assert inner == ["started", "done"] and time.monotonic() - began < 8
+
+
+def test_a_get_is_one_request_and_bytes_that_are_not_json_one_more(db, monkeypatch):
+    """A get is one request; only stored bytes that the server will not parse are fetched
+    again, as bytes, to raise the local json.JSONDecodeError (SPEC §2, §5)."""
+    import json
+
+    s = db.scope("thread", "t")
+    s.put("j", {"a": 1})
+    s.put_bytes("b", b"not json")
+    sent = []
+    request = db._ops._http.request
+    monkeypatch.setattr(db._ops._http, "request",
+                        lambda method, path, **kw: sent.append((method, path)) or request(method, path, **kw))
+    assert s.get("j") == {"a": 1} and s.get_versioned("absent") == (None, 0)
+    assert len(sent) == 2
+    with pytest.raises(json.JSONDecodeError):
+        s.get("b")
+    assert len(sent) == 4
