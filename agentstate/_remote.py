@@ -92,6 +92,7 @@ class RemoteOps:
                                   headers={"authorization": f"Bearer {token}"})
         self._closed = False
         self._turns = _turns.Turns()  # update_turn()
+        self._me: tuple[str, bool] | None = None  # the token's principal (name, admin)
 
     # -- the transport ----------------------------------------------------------------
 
@@ -318,45 +319,75 @@ class RemoteOps:
 
     # -- sessions and turns ----------------------------------------------------------------------
 
+    def _as(self, name: str, admin: bool) -> str | None:
+        """The X-Agentstate-Principal that makes a call act for ``Principal(name, admin)``.
+
+        None when that is the token's own principal. The header names a principal
+        without admin rights, which an admin token may do for anyone (its own name
+        too) and any other token for itself only (else the server answers 403). An
+        admin principal other than the token's own cannot be named: Forbidden here,
+        rather than acting for someone else.
+        """
+        me = self._whoami()
+        if (name, admin) == me:
+            return None
+        if admin:
+            raise E.Forbidden(f"Principal({name!r}, admin=True) needs {name}'s own admin token: "
+                              f"this connection's token acts as {me[0]!r}"
+                              + (" (an admin)" if me[1] else " (not an admin)"))
+        return name
+
+    def _whoami(self) -> tuple[str, bool]:
+        """(name, admin) of the token's principal, asked once: a token's never changes."""
+        if self._me is None:
+            d = self._call("GET", "/v1/whoami")
+            self._me = (d["name"], d["admin"])
+        return self._me
+
     def session_create(self, owner: str, metadata: str) -> Row:
+        who = None if owner == self._whoami()[0] else owner  # creating needs no admin rights
         return _session_row(self._call("POST", "/v1/sessions", body='{"metadata":' + metadata + "}",
-                                       who=owner))
+                                       who=who))
 
     def session_get(self, session_id: str, name: str, admin: bool) -> Row:
-        return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}", who=name))
+        return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}",
+                                       who=self._as(name, admin)))
 
     def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
-        return [_session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit, who=name)]
+        return [_session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit,
+                                                    who=self._as(name, admin))]
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
-        self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=name)
+        self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=self._as(name, admin))
 
     def session_prune(self, name: str, admin: bool, idle_for: float) -> list[str]:
         return self._call("POST", "/v1/sessions/prune", body=_dumps({"idle_for": idle_for}),
-                          who=name)["sessions"]
+                          who=self._as(name, admin))["sessions"]
 
     def session_release(self, session_id: str, name: str, admin: bool) -> Row:
-        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/release", who=name))
+        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/release",
+                                    who=self._as(name, admin)))
 
     def turn_start(self, session_id: str, name: str, admin: bool, status: str,
                    input_: str | None, lease: float) -> Row:
         body = ('{"input":' + (input_ or "null") + f',"lease":{_dumps(lease)},"queued":'
                 + ("true" if status == "queued" else "false") + "}")
         return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/turns", body=body,
-                                    who=name))
+                                    who=self._as(name, admin)))
 
     def turn_get(self, turn_id: str, name: str, admin: bool) -> Row:
-        return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=name))
+        return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=self._as(name, admin)))
 
     def turn_list(self, session_id: str, name: str, admin: bool, after: str | None,
                   limit: int | None) -> list[Row]:
         return [_turn_row(d) for d in self._page(f"/v1/sessions/{_q(session_id)}/turns", "turns",
-                                                 after, limit, who=name)]
+                                                 after, limit, who=self._as(name, admin))]
 
     def turn_find(self, name: str, admin: bool, live: tuple[str, ...], expired: bool,
                   after: str | None, limit: int | None) -> list[Row]:
         wanted = (*live, "expired") if expired else live
-        return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit, who=name,
+        return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit,
+                                                 who=self._as(name, admin),
                                                  status=",".join(wanted))]
 
     def _page(self, path: str, field: str, after: str | None, limit: int | None,
@@ -377,7 +408,8 @@ class RemoteOps:
             body = _dumps({"error": sets["error"]})
         else:  # start, heartbeat, resume
             body = _dumps({"lease": lease})
-        return _turn_row(self._call("POST", f"/v1/turns/{_q(turn_id)}/{what}", body=body, who=name))
+        return _turn_row(self._call("POST", f"/v1/turns/{_q(turn_id)}/{what}", body=body,
+                                    who=self._as(name, admin)))
 
     # -- the change feed and settings ---------------------------------------------------------------
 

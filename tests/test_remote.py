@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 import agentstate
+from agentstate import Principal
 from agentstate.server import create_app
 
 from .test_expiry import *  # noqa: F403
@@ -212,3 +213,98 @@ def test_a_get_is_one_request_and_bytes_that_are_not_json_one_more(db, monkeypat
     with pytest.raises(json.JSONDecodeError):
         s.get("b")
     assert len(sent) == 4
+
+
+def _connect_as(db, name, admin=False):
+    """Another client of the same server, with a token of its own."""
+    return agentstate.connect(db.path, token=db.served.tokens.create(name, admin=admin))
+
+
+def _answer(call):
+    """What a session call answered, comparable between the remote and the local API."""
+    try:
+        r = call()
+    except agentstate.AgentStateError as e:
+        return type(e)
+    if isinstance(r, list):
+        return [x.id for x in r]
+    return r.list() if isinstance(r, agentstate.Scope) else r.id
+
+
+SESSION_READS = {
+    "get": lambda d, s, t, p: d.sessions.get(s, p),
+    "list": lambda d, s, t, p: d.sessions.list(p),
+    "turns": lambda d, s, t, p: d.sessions.turns(s, p),
+    "get_turn": lambda d, s, t, p: d.sessions.get_turn(t, p),
+    "turns_by_status": lambda d, s, t, p: d.sessions.turns_by_status(p),
+    "state": lambda d, s, t, p: d.sessions.state(s, p),
+}
+
+
+def test_a_session_call_acts_for_the_principal_it_names(db):
+    """SPEC §4 and §12: a remote session call acts for the Principal it is given, as the
+    local API does (naming it in X-Agentstate-Principal, which an admin token may do for
+    any non-admin name, its own included), or is refused with Forbidden; it never answers
+    as someone else. (svc's admin token read alice's session for Principal("svc"), and
+    listed nothing for Principal("ops", admin=True), acting as a plain "ops".)"""
+    local = db.served
+    s = db.sessions.create(Principal("alice"))
+    t = db.sessions.start_turn(s.id, Principal("alice"))
+    db.sessions.state(s.id, Principal("alice")).put("k", 1)
+    local.sessions.create(Principal("svc"))
+    svc, alice = _connect_as(db, "svc", admin=True), _connect_as(db, "alice")
+    acts = {  # client -> principals it acts for, as locally
+        db: [Principal("ops", admin=True), Principal("ops"), Principal("alice"), Principal("svc")],
+        svc: [Principal("svc", admin=True), Principal("svc"), Principal("alice"), Principal("bob")],
+        alice: [Principal("alice")],
+    }
+    refused = {  # client -> principals it may not act for: Forbidden, whatever the call
+        db: [Principal("svc", admin=True)],
+        svc: [Principal("ops", admin=True), Principal("alice", admin=True)],
+        alice: [Principal("alice", admin=True), Principal("ops", admin=True), Principal("bob"),
+                Principal("svc")],
+    }
+    try:
+        for client, principals in acts.items():
+            for p in principals:
+                for name, call in SESSION_READS.items():
+                    want = _answer(lambda: call(local, s.id, t.id, p))
+                    assert _answer(lambda: call(client, s.id, t.id, p)) == want, (name, p)
+        for client, principals in refused.items():
+            for p in principals:
+                for name, call in SESSION_READS.items():
+                    assert _answer(lambda: call(client, s.id, t.id, p)) is agentstate.Forbidden, (name, p)
+        # writes: as the principal named, or refused
+        assert svc.sessions.create(Principal("svc")).owner == "svc"
+        assert svc.sessions.create(Principal("carol")).owner == "carol"
+        with pytest.raises(agentstate.Forbidden):
+            alice.sessions.create(Principal("bob"))
+        with pytest.raises(agentstate.NotFound):  # svc without admin rights: not its session
+            svc.sessions.release(s.id, Principal("svc"))
+        with pytest.raises(agentstate.Forbidden):
+            svc.sessions.prune(Principal("ops", admin=True), idle_for=0)
+        as_alice = svc.sessions.get_turn(t.id, Principal("alice"))
+        assert as_alice.heartbeat(30).lease == 30  # a turn acts for the principal that got it
+        with pytest.raises(agentstate.NotFound):
+            svc.sessions.decide(t.id, Principal("svc"), "yes")
+        assert svc.sessions.release(s.id, Principal("svc", admin=True)).status == "failed"
+    finally:
+        svc.close()
+        alice.close()
+
+
+def test_an_admin_token_naming_itself_acts_without_its_admin_rights(db):
+    """SPEC §12: X-Agentstate-Principal names a principal without admin rights, even the
+    admin token's own name; without the header the token acts as itself (an admin)."""
+    import httpx
+
+    other = db.served.sessions.create(Principal("alice"))
+    token = db.served.tokens.create("svc", admin=True)
+    with httpx.Client(base_url=db.path, headers={"authorization": f"Bearer {token}"}) as http:
+        assert [x["id"] for x in http.get("/v1/sessions").json()["sessions"]] == [other.id]
+        assert http.get("/v1/sessions", headers={"x-agentstate-principal": "svc"}).json()["sessions"] == []
+        r = http.get(f"/v1/sessions/{other.id}", headers={"x-agentstate-principal": "svc"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert http.get("/v1/whoami").json() == {"name": "svc", "admin": True}
+        assert http.get("/v1/whoami", headers={"x-agentstate-principal": "svc"}).json() == \
+            {"name": "svc", "admin": False}
