@@ -430,6 +430,9 @@ class RemoteOps:
                            params={"since": since, "limit": limit, "wait": wait, **flt})
             if d["changes"] or (deadline is not None and time.monotonic() >= deadline):
                 return [_change_row(c) for c in d["changes"]]
+            # Nothing this principal may see up to where the server read: on from there,
+            # as a local watch goes on from the head (``since`` may be purged meanwhile).
+            since = max(since, d["last"])
 
     async def awatch(self, since: int, limit: int, flt: dict[str, Any]) -> AsyncIterator[Row]:
         import httpx
@@ -440,17 +443,30 @@ class RemoteOps:
                                      headers={"authorization": f"Bearer {self._token}"}) as http:
             cursor = since
             while True:
-                try:
-                    r = await http.get("/v1/changes", params={
-                        "since": cursor, "limit": limit, "wait": LONG_POLL, **flt})
-                except httpx.HTTPError as e:
-                    raise E.StorageError(f"GET {self.url}/v1/changes: {type(e).__name__}: {e}") from None
-                if r.status_code >= 400:
-                    raise _error(r.status_code, r.json(), False)
-                for c in r.json()["changes"]:
+                d = await self._apoll(http, {"since": cursor, "limit": limit, "wait": LONG_POLL,
+                                             **flt})
+                for c in d["changes"]:
                     yield _change_row(c)
                     cursor = c["seq"]
+                cursor = max(cursor, d["last"])  # past what the server read, shown or not
                 await asyncio.sleep(0)
+
+    async def _apoll(self, http: Any, params: dict[str, Any]) -> dict[str, Any]:
+        """One long poll of awatch()."""
+        import httpx
+
+        self.check_open()
+        try:
+            r = await http.get("/v1/changes", params=params)
+        except httpx.HTTPError as e:
+            raise E.StorageError(f"GET {self.url}/v1/changes: {type(e).__name__}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                data = r.json()
+            except ValueError:
+                data = None
+            raise _error(r.status_code, data, False)
+        return r.json()
 
     def settings(self) -> dict[str, Any]:
         return self._call("GET", "/v1/settings")

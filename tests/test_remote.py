@@ -11,6 +11,7 @@ are left out below, each with its reason.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -308,3 +309,78 @@ def test_an_admin_token_naming_itself_acts_without_its_admin_rights(db):
         assert http.get("/v1/whoami").json() == {"name": "svc", "admin": True}
         assert http.get("/v1/whoami", headers={"x-agentstate-principal": "svc"}).json() == \
             {"name": "svc", "admin": False}
+
+
+@pytest.mark.parametrize("how", ["watch", "awatch"])
+def test_a_watch_goes_on_from_where_the_server_read(db, monkeypatch, how):
+    """SPEC §9: a watch waits past changes it may not see (here another principal's
+    session) from the ``last`` seq the server read, as the local watch goes on from the
+    head; it asked again from its first cursor, which the feed no longer had (here: the
+    feed turned off after the first poll), and raised CursorExpired."""
+    monkeypatch.setattr(agentstate._remote, "LONG_POLL", 0.2)
+    alice = _connect_as(db, "alice")
+    since = db.last_change()
+    bob = db.sessions.create(Principal("bob"))  # changes alice may not see
+    db.sessions.state(bob.id, Principal("bob")).put("k", 1)
+    first_poll_done, feed_off, second_poll_done = (threading.Event() for _ in range(3))
+    polls = []
+
+    def after_a_poll():
+        polls.append(1)
+        if len(polls) == 1:
+            first_poll_done.set()
+            assert feed_off.wait(30)
+        elif len(polls) == 2:
+            second_poll_done.set()
+
+    if how == "watch":
+        call = alice._ops._call
+
+        def hooked(method, path, **kw):
+            try:
+                return call(method, path, **kw)
+            finally:
+                if path == "/v1/changes":
+                    after_a_poll()
+
+        monkeypatch.setattr(alice._ops, "_call", hooked)
+        run = lambda: alice.watch(since, timeout=60)  # noqa: E731
+    else:
+        poll = alice._ops._apoll
+
+        async def ahooked(http, params):
+            try:
+                return await poll(http, params)
+            finally:
+                await asyncio.to_thread(after_a_poll)
+
+        monkeypatch.setattr(alice._ops, "_apoll", ahooked)
+
+        async def first():
+            async for change in alice.awatch(since):
+                return [change]
+
+        run = lambda: asyncio.run(asyncio.wait_for(first(), 60))  # noqa: E731
+    got: list = []
+    watcher = threading.Thread(target=lambda: got.append(_answer_or_error(run)), daemon=True)
+    watcher.start()
+    try:
+        assert first_poll_done.wait(30)
+        db.set_setting("feed_retention", 0)  # only the head is a valid cursor now
+        feed_off.set()
+        assert second_poll_done.wait(30)
+        db.set_setting("feed_retention", 3600)
+        alice.scope("app", "a").put("k", 1)  # a change alice sees ends the watch
+        watcher.join(60)
+    finally:
+        feed_off.set()
+        alice.close()
+    assert [(c.topic, c.scope_id, c.key) if isinstance(c, agentstate.Change) else c
+            for c in got[0]] == [("kv", "a", "k")]
+
+
+def _answer_or_error(call):
+    try:
+        return call()
+    except Exception as e:  # reported by the assertion on the answer
+        return [e]
