@@ -26,23 +26,28 @@ Row = tuple[Any, ...]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
 
-_CLASSES: dict[str, type[E.AgentStateError]] = {
-    cls.code: cls for cls in (
-        E.InvalidKey, E.InvalidValue, E.TooLarge, E.VersionConflict, E.NotAList, E.HistoryGap,
-        E.RunExists, E.NotFound, E.SessionBusy, E.InvalidTransition, E.Forbidden, E.Busy,
-        E.Damaged, E.SchemaTooNew, E.Closed, E.StorageError, E.CursorExpired, E.Unauthorized,
-        E.UsageError)
-}
+# Every error class by its code (NotFound before RunNotFound, which shares it): errors
+# added to ``errors`` later come back as themselves, not as an unknown answer.
+_CLASSES: dict[str, type[E.AgentStateError]] = {}
+for _cls in vars(E).values():
+    if isinstance(_cls, type) and issubclass(_cls, E.AgentStateError) and _cls is not E.AgentStateError:
+        _CLASSES.setdefault(_cls.code, _cls)
 
 
-def _error(status: int, body: Any, runs: bool) -> E.AgentStateError:
+def _error(status: int, body: Any, runs: bool, write: bool = False) -> E.AgentStateError:
     info = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(info, dict):
-        return E.StorageError(f"the server answered {status} without an agentstate error")
-    code, message = info.get("code"), str(info.get("message", ""))
-    cls = E.RunNotFound if code == "not_found" and runs else _CLASSES.get(code, E.AgentStateError)
+    code = info.get("code") if isinstance(info, dict) else None
+    if code not in _CLASSES:
+        # Not one of the store's refusals: a proxy, or the server failed unexpectedly.
+        # A write may have been done before that: as a failed COMMIT, its outcome is unknown.
+        message = str(info.get("message", "")) if isinstance(info, dict) else ""
+        err = E.StorageError(f"the server answered {status}" + (
+            f": {message}" if message else " without an agentstate error"))
+        err.outcome_unknown = write and status >= 500
+        return err
+    cls = E.RunNotFound if code == "not_found" and runs else _CLASSES[code]
     err = cls.__new__(cls)
-    Exception.__init__(err, message)
+    Exception.__init__(err, str(info.get("message", "")))
     for name in ("current_version", "turn_id", "size", "limit", "outcome_unknown"):
         if name in info:
             setattr(err, name, info[name])
@@ -126,7 +131,7 @@ class RemoteOps:
                 data = r.json()
             except ValueError:
                 data = None
-            raise _error(r.status_code, data, runs)
+            raise _error(r.status_code, data, runs, write=method != "GET")
         if raw:
             return r.content
         return decode(r.content) if r.content else None

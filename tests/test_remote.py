@@ -384,3 +384,34 @@ def _answer_or_error(call):
         return call()
     except Exception as e:  # reported by the assertion on the answer
         return [e]
+
+
+@pytest.mark.parametrize("answer", [
+    {"status_code": 502, "text": "<html>Bad Gateway</html>"},  # a proxy in between
+    {"status_code": 500, "json": {"error": {"code": "error", "message": "internal error"}}},
+])
+def test_a_write_answered_by_no_store_error_may_have_been_done(db, monkeypatch, answer):
+    """SPEC §6: a write whose answer is a 5xx that is not one of the store's refusals (a
+    proxy, a server crash) is a StorageError with outcome_unknown: it may have been done
+    (it was a StorageError or an AgentStateError that read as nothing written)."""
+    import httpx
+
+    request = db._ops._http.request
+
+    def failing(method, path, **kw):
+        if method == "GET":
+            return request(method, path, **kw)
+        return httpx.Response(**answer, request=httpx.Request(method, db.path + path))
+
+    monkeypatch.setattr(db._ops._http, "request", failing)
+    s = db.scope("app", "a")
+    for write in (lambda: s.put("k", 1), lambda: s.append("l", [1]), lambda: s.delete("k"),
+                  lambda: db.sessions.create(Principal("ops", admin=True))):
+        with pytest.raises(agentstate.StorageError) as e:
+            write()
+        assert e.value.outcome_unknown is True
+    monkeypatch.setattr(db._ops._http, "request", lambda method, path, **kw: httpx.Response(
+        **answer, request=httpx.Request(method, db.path + path)))
+    with pytest.raises(agentstate.AgentStateError) as e:
+        s.get("k")
+    assert getattr(e.value, "outcome_unknown", False) is False  # a read changes nothing
