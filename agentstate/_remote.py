@@ -36,15 +36,15 @@ for _cls in vars(E).values():
 
 def _error(status: int, body: Any, runs: bool, write: bool = False) -> E.AgentStateError:
     info = body.get("error") if isinstance(body, dict) else None
-    code = info.get("code") if isinstance(info, dict) else None
-    if code not in _CLASSES:
+    if not isinstance(info, dict) or info.get("code") not in _CLASSES:
         # Not one of the store's refusals: a proxy, or the server failed unexpectedly.
         # A write may have been done before that: as a failed COMMIT, its outcome is unknown.
         message = str(info.get("message", "")) if isinstance(info, dict) else ""
-        err = E.StorageError(f"the server answered {status}" + (
+        failed = E.StorageError(f"the server answered {status}" + (
             f": {message}" if message else " without an agentstate error"))
-        err.outcome_unknown = write and status >= 500
-        return err
+        failed.outcome_unknown = write and status >= 500
+        return failed
+    code = info["code"]
     cls = E.RunNotFound if code == "not_found" and runs else _CLASSES[code]
     err = cls.__new__(cls)
     Exception.__init__(err, str(info.get("message", "")))
