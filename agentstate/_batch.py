@@ -2,16 +2,28 @@
 
 Over HTTP a transaction cannot span calls; a batch can, as one request. The
 local ``Database`` has it too, so code written for one runs on the other.
+
+Each write is validated and encoded when it is added, by the rules and the
+functions a ``Scope`` uses: a refusal raises from that call, and what is
+applied (locally, or spliced into the request as JSON text) is the encoding
+checked there — one rule for both.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._encoding import check_key, check_kind
+from ._encoding import check_key, check_kind, encode_items
+from ._scope import KEEP, Appended, _check_version, _encode_value, _ttl
+from .errors import InvalidValue
 
 if TYPE_CHECKING:
     from ._database import Database
+
+# (op, kind, scope id, key, args, kwargs): the ops method ``kv_<op>(kind, sid, key, *args,
+# **kwargs)`` applies it, with the encoded value (put: type, stored, size, items;
+# append: item texts, size).
+Op = tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]
 
 
 class BatchScope:
@@ -24,14 +36,34 @@ class BatchScope:
         self.kind = check_kind(kind)
         self.id = check_key(scope_id, "scope id")
 
-    def put(self, key: str, value: Any, *, if_version: int | None = None, **opts: Any) -> None:
-        self._batch._add("put", self, key, (value,), {"if_version": if_version, **opts})
+    def put(self, key: str, value: Any, *, if_version: int | None = None,
+            ttl: float | None = None) -> None:
+        """As ``Scope.put`` (``ttl`` in seconds, or None: no expiry).
+
+        :raises InvalidKey, InvalidValue, TooLarge: now, and the write is not added.
+        """
+        check_key(key)
+        if ttl == KEEP:  # the State API's batch has no keep_ttl: refused alike everywhere
+            raise InvalidValue("ttl='keep' is not available in a batch: give seconds, or None")
+        if_version, ttl = _check_version(if_version), _ttl(ttl)
+        self._batch._add(("put", self.kind, self.id, key, _encode_value(value),
+                          {"if_version": if_version, "ttl": ttl}))
 
     def delete(self, key: str, *, if_version: int | None = None) -> None:
-        self._batch._add("delete", self, key, (), {"if_version": if_version})
+        """As ``Scope.delete``. :raises InvalidKey, InvalidValue: now."""
+        check_key(key)
+        self._batch._add(("delete", self.kind, self.id, key, (),
+                          {"if_version": _check_version(if_version)}))
 
-    def append(self, key: str, items: list[Any], **opts: Any) -> None:
-        self._batch._add("append", self, key, (items,), opts)
+    def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> None:
+        """As ``Scope.append`` (``ttl`` None keeps the key's expiry).
+
+        :raises InvalidKey, InvalidValue, TooLarge: now, and the write is not added.
+        """
+        check_key(key)
+        ttl = _ttl(ttl)
+        self._batch._add(("append", self.kind, self.id, key, encode_items(items),
+                          {"ttl": KEEP if ttl is None else ttl}))
 
 
 class Batch:
@@ -39,24 +71,23 @@ class Batch:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self.ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]] = []
+        self.ops: list[Op] = []
         self.results: list[Any] | None = None
 
     def scope(self, kind: str, scope_id: str) -> BatchScope:
         return BatchScope(self, kind, scope_id)
 
-    def _add(self, op: str, scope: BatchScope, key: str, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> None:
-        check_key(key)
-        self.ops.append((op, scope.kind, scope.id, key, args, kwargs))
+    def _add(self, op: Op) -> None:
+        self.ops.append(op)
 
     def apply(self) -> list[Any]:
         """All or none: the first refusal raises and nothing is written."""
-        db = self._db
+        ops = self._db._ops
 
         def call(op: str, kind: str, sid: str, key: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Any:
-            return getattr(db.scope(kind, sid), op)(key, *args, **kwargs)
+            result = getattr(ops, f"kv_{op}")(kind, sid, key, *args, **kwargs)
+            return Appended(*result) if op == "append" else result
 
-        self.results = db._ops.apply_batch(self.ops, call)
+        self.results = ops.apply_batch(self.ops, call)
         return self.results

@@ -156,18 +156,23 @@ class Scope:
         """
         check_key(key)
         with self._ops.update_turn(self.kind, self.id, key):  # remote: a client's threads take turns
-            row = self._ops.kv_get(self.kind, self.id, key)
-            new = fn(default if row is None else _value(row))
+            row, current = self._current(key, default)
+            new = fn(current)
             if self._try_set(key, new, row):
                 return new
             # Lost the race: again, holding the write lock where the store has one
             # (then this cannot lose again); a remote store retries until it wins.
             with self._ops.exclusive():
                 while True:
-                    row = self._ops.kv_get(self.kind, self.id, key)
-                    new = fn(default if row is None else _value(row))
+                    row, current = self._current(key, default)
+                    new = fn(current)
                     if self._try_set(key, new, row):
                         return new
+
+    def _current(self, key: str, default: Any) -> tuple[tuple[Any, ...] | None, Any]:
+        """The read of update() and aupdate(): the stored row, and what ``fn`` gets."""
+        row = self._ops.kv_get(self.kind, self.id, key)
+        return row, default if row is None else _value(row)
 
     def _try_set(self, key: str, new: Any, row: tuple[Any, ...] | None) -> bool:
         """The compare-and-set of update(): writes only at the version read; keeps the expiry."""
@@ -299,22 +304,20 @@ class Scope:
     async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
         """The async twin of :meth:`update`; ``fn`` may be a plain or an async function.
 
-        ``fn`` runs on the event loop; reads and writes run in a worker thread.
-        Compare-and-set: read with the version, call ``fn``, write with
-        ``if_version``; on a conflict, again with the fresh value.
+        ``fn`` runs on the event loop; the read and the write run in a worker thread,
+        and are update()'s own (so the write keeps the key's expiry, as update's does).
+        Compare-and-set: read with the version, call ``fn``, write at that version;
+        on a conflict, again with the fresh value.
         """
         check_key(key)
         async with aturn((self.kind, self.id, key)):  # the loop's tasks take turns on a key
             while True:
-                current, version = await self.aget_versioned(key)
-                new = fn(default if version == 0 else current)
+                row, current = await asyncio.to_thread(self._current, key, default)
+                new = fn(current)
                 if inspect.isawaitable(new):
                     new = await new
-                try:
-                    await self.aput(key, new, if_version=version)
+                if await asyncio.to_thread(self._try_set, key, new, row):
                     return new
-                except VersionConflict:
-                    continue
 
 
 class State:

@@ -467,3 +467,140 @@ def test_batch_applies_all_or_none(db):
     with pytest.raises(agentstate.InvalidKey):
         with db.batch() as b:
             b.scope("app", "b").put("bad key", 1)
+
+
+def _nested(depth):
+    v: list = []
+    for _ in range(depth - 1):
+        v = [v]
+    return v
+
+
+# Each refused write of a batch: how it is added, and the §6 error. Values, items and
+# every field are checked by the scope's own rules, the same locally and over HTTP.
+BAD_BATCH_WRITES = {
+    "int and str keys that collide": (lambda s: s.put("k", {1: "a", "1": "b"}), agentstate.InvalidValue),
+    "an int key": (lambda s: s.put("k", {1: "a"}), agentstate.InvalidValue),
+    "a None key": (lambda s: s.put("k", {None: 1}), agentstate.InvalidValue),
+    "5,000 levels deep": (lambda s: s.put("k", _nested(5000)), agentstate.InvalidValue),
+    "513 levels deep": (lambda s: s.put("k", _nested(513)), agentstate.InvalidValue),
+    "NaN": (lambda s: s.put("k", {"x": float("nan")}), agentstate.InvalidValue),
+    "2**64": (lambda s: s.put("k", 2**64), agentstate.InvalidValue),
+    "NUL": (lambda s: s.put("k", "a\x00b"), agentstate.InvalidValue),
+    "a lone surrogate": (lambda s: s.put("k", ["\ud800"]), agentstate.InvalidValue),
+    "a set": (lambda s: s.put("k", {1, 2}), agentstate.InvalidValue),
+    "over 1 MiB": (lambda s: s.put("k", "x" * (1 << 20)), agentstate.TooLarge),
+    "items with an int key": (lambda s: s.append("l", [{1: "a", "1": "b"}]), agentstate.InvalidValue),
+    "items 5,000 deep": (lambda s: s.append("l", _nested(5000)), agentstate.InvalidValue),
+    "items not a list": (lambda s: s.append("l", "abc"), agentstate.InvalidValue),
+    "if_version -1": (lambda s: s.put("k", 1, if_version=-1), agentstate.InvalidValue),
+    "if_version True": (lambda s: s.put("k", 1, if_version=True), agentstate.InvalidValue),
+    "delete if_version '1'": (lambda s: s.delete("k", if_version="1"), agentstate.InvalidValue),
+    "ttl 0": (lambda s: s.put("k", 1, ttl=0), agentstate.InvalidValue),
+    "ttl NaN": (lambda s: s.append("l", [1], ttl=float("nan")), agentstate.InvalidValue),
+    "ttl keep": (lambda s: s.put("k", 1, ttl="keep"), agentstate.InvalidValue),
+    "a bad key": (lambda s: s.put("bad key", 1), agentstate.InvalidKey),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_BATCH_WRITES))
+def test_a_batch_refuses_a_bad_write_and_writes_nothing(db, name):
+    """A batch write is validated by the scope's rules when it is added (SPEC §2): the §6
+    error, never a raw RecursionError nor a value stored otherwise, and none of the
+    batch's writes applied. (Over HTTP {1: "a", "1": "b"} was stored as {"1": "b"}.)"""
+    add, error = BAD_BATCH_WRITES[name]
+    kv = db.scope("app", "b")
+    kv.put("x", 1)
+    before = digest(db)
+    with pytest.raises(error):
+        with db.batch() as b:
+            b.scope("app", "b").put("x", 2)
+            b.scope("app", "b").append("l", [1])
+            add(b.scope("app", "b"))
+    assert digest(db) == before and kv.get_versioned("x") == (1, 1) and kv.get("l") is None
+
+
+def test_a_batch_write_is_refused_when_it_is_added(db):
+    """The refusal comes from the call that adds the bad write; the writes added
+    around it are still applied together when the block ends."""
+    with db.batch() as b:
+        b.scope("app", "b").put("a", 1)
+        with pytest.raises(agentstate.InvalidValue):
+            b.scope("app", "b").put("k", {1: "a", "1": "b"})
+        b.scope("app", "b").put("c", 3)
+    assert b.results == [1, 1] and db.scope("app", "b").list() == ["a", "c"]
+
+
+def test_a_batch_writes_what_the_scope_writes(db):
+    """Each batch write stores what the same scope call stores: value, list, expiry, bytes
+    and version (a batch's values are encoded once and sent as that JSON text)."""
+    value = {"é": [1, -2.5, 1e16, 2**63 - 1, "\u2028", None, True], "": {}}
+    direct, batched = db.scope("app", "direct"), db.scope("app", "batched")
+    direct.put("gone", 1)
+    batched.put("gone", 1)
+    results = [direct.put("v", value), direct.put("l", [value, 2], ttl=60),
+               direct.append("a", [1, {"x": 2}], ttl=60), direct.append("a", [3]),
+               direct.delete("gone", if_version=1), direct.put("t", (1, (2,)))]
+    with db.batch() as b:
+        s = b.scope("app", "batched")
+        s.put("v", value)
+        s.put("l", [value, 2], ttl=60)
+        s.append("a", [1, {"x": 2}], ttl=60)
+        s.append("a", [3])
+        s.delete("gone", if_version=1)
+        s.put("t", (1, (2,)))
+    assert b.results == results
+    for key in ("v", "l", "a", "gone", "t"):
+        assert batched.get_versioned(key) == direct.get_versioned(key)
+        assert batched.get_bytes(key) == direct.get_bytes(key)
+        assert (batched.expires_at(key) is None) == (direct.expires_at(key) is None)
+    assert batched.length("l") == 2 and batched.slice("a", 1) == [{"x": 2}, 3]
+
+
+async def _call_async_twin(scope, name, args, kwargs):
+    return await getattr(scope, "a" + name)(*args, **kwargs)
+
+
+def _outcome(call):
+    try:
+        return ("ok", call())
+    except Exception as e:
+        return ("error", type(e), getattr(e, "current_version", None))
+
+
+def test_each_async_twin_answers_as_its_twin(db):
+    """Every Scope method and its async twin, on two scopes set up alike: the same answer
+    or the same error, and the same state after (SPEC §2: "behaves exactly like its twin").
+    (aupdate cleared a key's expiry where update keeps it.)"""
+    def inc(n):
+        return n + 1
+
+    calls = [
+        ("get", ("n",), {}), ("get", ("absent", 5), {}), ("get_versioned", ("n",), {}),
+        ("get_versioned", ("absent",), {}), ("get", ("raw",), {}),
+        ("put", ("p", {"a": 1}), {"if_version": 0}), ("put", ("p", 2), {"if_version": 5}),
+        ("put", ("p", {1: 2}), {}), ("put", ("p", 3), {"ttl": 60}),
+        ("update", ("n", inc), {}), ("update", ("new", inc), {"default": 0}),
+        ("update", ("p", inc), {}), ("update", ("raw", inc), {}),
+        ("append", ("l", [4]), {}), ("append", ("l2", [1]), {"ttl": 60}), ("append", ("n", [1]), {}),
+        ("pop", ("l", 2), {}), ("pop", ("absent", 1), {}), ("slice", ("l", -1), {}),
+        ("length", ("l",), {}), ("length", ("n",), {}), ("list", (), {}), ("list", ("l",), {"limit": 1}),
+        ("put_bytes", ("b2", b"x"), {"ttl": 60}), ("get_bytes", ("raw",), {}), ("get_bytes", ("n",), {}),
+        ("touch", ("l", 120), {}), ("touch", ("absent", 1), {}),
+        ("delete", ("b2",), {"if_version": 7}), ("delete", ("b2",), {}),
+    ]
+    plain, twin = db.scope("app", "plain"), db.scope("app", "twin")
+    for s in (plain, twin):
+        s.put("n", 1, ttl=60)
+        s.put("l", [1, 2, 3], ttl=60)
+        s.put_bytes("raw", b"not json")
+    for name, args, kwargs in calls:
+        want = _outcome(lambda: getattr(plain, name)(*args, **kwargs))
+        got = _outcome(lambda: asyncio.run(_call_async_twin(twin, name, args, kwargs)))
+        assert got == want, f"a{name}{args}"
+    keys = plain.list()
+    assert twin.list() == keys
+    for key in keys:
+        assert twin.get_bytes(key) == plain.get_bytes(key), key
+        assert _outcome(lambda: twin.get_versioned(key)) == _outcome(lambda: plain.get_versioned(key))
+        assert (twin.expires_at(key) is None) == (plain.expires_at(key) is None), key

@@ -11,6 +11,7 @@ are left out below, each with its reason.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -20,10 +21,12 @@ import uvicorn
 
 import agentstate
 import agentstate.backends.sqlite.schema
+from agentstate import Principal
 from agentstate.server import create_app
 
 from .test_expiry import *  # noqa: F403
 from .test_feed import *  # noqa: F403
+from .test_parity import *  # noqa: F403
 from .test_pop_async_batch import *  # noqa: F403
 from .test_runs import *  # noqa: F403
 from .test_scope import *  # noqa: F403
@@ -193,3 +196,223 @@ def test_an_update_whose_function_waits_for_another_thread_s_update_does_not_han
     began = time.monotonic()
     assert s.update("x", fn, default=0) == 2
     assert inner == ["started", "done"] and time.monotonic() - began < 8
+
+
+def test_a_get_is_one_request_and_bytes_that_are_not_json_one_more(db, monkeypatch):
+    """A get is one request; only stored bytes that the server will not parse are fetched
+    again, as bytes, to raise the local json.JSONDecodeError (SPEC §2, §5)."""
+    import json
+
+    s = db.scope("thread", "t")
+    s.put("j", {"a": 1})
+    s.put_bytes("b", b"not json")
+    sent = []
+    request = db._ops._http.request
+    monkeypatch.setattr(db._ops._http, "request",
+                        lambda method, path, **kw: sent.append((method, path)) or request(method, path, **kw))
+    assert s.get("j") == {"a": 1} and s.get_versioned("absent") == (None, 0)
+    assert len(sent) == 2
+    with pytest.raises(json.JSONDecodeError):
+        s.get("b")
+    assert len(sent) == 4
+
+
+def _connect_as(db, name, admin=False):
+    """Another client of the same server, with a token of its own."""
+    return agentstate.connect(db.path, token=db.served.tokens.create(name, admin=admin))
+
+
+def _answer(call):
+    """What a session call answered, comparable between the remote and the local API."""
+    try:
+        r = call()
+    except agentstate.AgentStateError as e:
+        return type(e)
+    if isinstance(r, list):
+        return [x.id for x in r]
+    return r.list() if isinstance(r, agentstate.Scope) else r.id
+
+
+SESSION_READS = {
+    "get": lambda d, s, t, p: d.sessions.get(s, p),
+    "list": lambda d, s, t, p: d.sessions.list(p),
+    "turns": lambda d, s, t, p: d.sessions.turns(s, p),
+    "get_turn": lambda d, s, t, p: d.sessions.get_turn(t, p),
+    "turns_by_status": lambda d, s, t, p: d.sessions.turns_by_status(p),
+    "state": lambda d, s, t, p: d.sessions.state(s, p),
+}
+
+
+def test_a_session_call_acts_for_the_principal_it_names(db):
+    """SPEC §4 and §12: a remote session call acts for the Principal it is given, as the
+    local API does (naming it in X-Agentstate-Principal, which an admin token may do for
+    any non-admin name, its own included), or is refused with Forbidden; it never answers
+    as someone else. (svc's admin token read alice's session for Principal("svc"), and
+    listed nothing for Principal("ops", admin=True), acting as a plain "ops".)"""
+    local = db.served
+    s = db.sessions.create(Principal("alice"))
+    t = db.sessions.start_turn(s.id, Principal("alice"))
+    db.sessions.state(s.id, Principal("alice")).put("k", 1)
+    local.sessions.create(Principal("svc"))
+    svc, alice = _connect_as(db, "svc", admin=True), _connect_as(db, "alice")
+    acts = {  # client -> principals it acts for, as locally
+        db: [Principal("ops", admin=True), Principal("ops"), Principal("alice"), Principal("svc")],
+        svc: [Principal("svc", admin=True), Principal("svc"), Principal("alice"), Principal("bob")],
+        alice: [Principal("alice")],
+    }
+    refused = {  # client -> principals it may not act for: Forbidden, whatever the call
+        db: [Principal("svc", admin=True)],
+        svc: [Principal("ops", admin=True), Principal("alice", admin=True)],
+        alice: [Principal("alice", admin=True), Principal("ops", admin=True), Principal("bob"),
+                Principal("svc")],
+    }
+    try:
+        for client, principals in acts.items():
+            for p in principals:
+                for name, call in SESSION_READS.items():
+                    want = _answer(lambda: call(local, s.id, t.id, p))
+                    assert _answer(lambda: call(client, s.id, t.id, p)) == want, (name, p)
+        for client, principals in refused.items():
+            for p in principals:
+                for name, call in SESSION_READS.items():
+                    assert _answer(lambda: call(client, s.id, t.id, p)) is agentstate.Forbidden, (name, p)
+        # writes: as the principal named, or refused
+        assert svc.sessions.create(Principal("svc")).owner == "svc"
+        assert svc.sessions.create(Principal("carol")).owner == "carol"
+        with pytest.raises(agentstate.Forbidden):
+            alice.sessions.create(Principal("bob"))
+        with pytest.raises(agentstate.NotFound):  # svc without admin rights: not its session
+            svc.sessions.release(s.id, Principal("svc"))
+        with pytest.raises(agentstate.Forbidden):
+            svc.sessions.prune(Principal("ops", admin=True), idle_for=0)
+        as_alice = svc.sessions.get_turn(t.id, Principal("alice"))
+        assert as_alice.heartbeat(30).lease == 30  # a turn acts for the principal that got it
+        with pytest.raises(agentstate.NotFound):
+            svc.sessions.decide(t.id, Principal("svc"), "yes")
+        assert svc.sessions.release(s.id, Principal("svc", admin=True)).status == "failed"
+    finally:
+        svc.close()
+        alice.close()
+
+
+def test_an_admin_token_naming_itself_acts_without_its_admin_rights(db):
+    """SPEC §12: X-Agentstate-Principal names a principal without admin rights, even the
+    admin token's own name; without the header the token acts as itself (an admin)."""
+    import httpx
+
+    other = db.served.sessions.create(Principal("alice"))
+    token = db.served.tokens.create("svc", admin=True)
+    with httpx.Client(base_url=db.path, headers={"authorization": f"Bearer {token}"}) as http:
+        assert [x["id"] for x in http.get("/v1/sessions").json()["sessions"]] == [other.id]
+        assert http.get("/v1/sessions", headers={"x-agentstate-principal": "svc"}).json()["sessions"] == []
+        r = http.get(f"/v1/sessions/{other.id}", headers={"x-agentstate-principal": "svc"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert http.get("/v1/whoami").json() == {"name": "svc", "admin": True}
+        assert http.get("/v1/whoami", headers={"x-agentstate-principal": "svc"}).json() == \
+            {"name": "svc", "admin": False}
+
+
+@pytest.mark.parametrize("how", ["watch", "awatch"])
+def test_a_watch_goes_on_from_where_the_server_read(db, monkeypatch, how):
+    """SPEC §9: a watch waits past changes it may not see (here another principal's
+    session) from the ``last`` seq the server read, as the local watch goes on from the
+    head; it asked again from its first cursor, which the feed no longer had (here: the
+    feed turned off after the first poll), and raised CursorExpired."""
+    monkeypatch.setattr(agentstate.backends.remote, "LONG_POLL", 0.2)
+    alice = _connect_as(db, "alice")
+    since = db.last_change()
+    bob = db.sessions.create(Principal("bob"))  # changes alice may not see
+    db.sessions.state(bob.id, Principal("bob")).put("k", 1)
+    first_poll_done, feed_off, second_poll_done = (threading.Event() for _ in range(3))
+    polls = []
+
+    def after_a_poll():
+        polls.append(1)
+        if len(polls) == 1:
+            first_poll_done.set()
+            assert feed_off.wait(30)
+        elif len(polls) == 2:
+            second_poll_done.set()
+
+    if how == "watch":
+        call = alice._ops._call
+
+        def hooked(method, path, **kw):
+            try:
+                return call(method, path, **kw)
+            finally:
+                if path == "/v1/changes":
+                    after_a_poll()
+
+        monkeypatch.setattr(alice._ops, "_call", hooked)
+        run = lambda: alice.watch(since, timeout=60)  # noqa: E731
+    else:
+        poll = alice._ops._apoll
+
+        async def ahooked(http, params):
+            try:
+                return await poll(http, params)
+            finally:
+                await asyncio.to_thread(after_a_poll)
+
+        monkeypatch.setattr(alice._ops, "_apoll", ahooked)
+
+        async def first():
+            async for change in alice.awatch(since):
+                return [change]
+
+        run = lambda: asyncio.run(asyncio.wait_for(first(), 60))  # noqa: E731
+    got: list = []
+    watcher = threading.Thread(target=lambda: got.append(_answer_or_error(run)), daemon=True)
+    watcher.start()
+    try:
+        assert first_poll_done.wait(30)
+        db.set_setting("feed_retention", 0)  # only the head is a valid cursor now
+        feed_off.set()
+        assert second_poll_done.wait(30)
+        db.set_setting("feed_retention", 3600)
+        alice.scope("app", "a").put("k", 1)  # a change alice sees ends the watch
+        watcher.join(60)
+    finally:
+        feed_off.set()
+        alice.close()
+    assert [(c.topic, c.scope_id, c.key) if isinstance(c, agentstate.Change) else c
+            for c in got[0]] == [("kv", "a", "k")]
+
+
+def _answer_or_error(call):
+    try:
+        return call()
+    except Exception as e:  # reported by the assertion on the answer
+        return [e]
+
+
+@pytest.mark.parametrize("answer", [
+    {"status_code": 502, "text": "<html>Bad Gateway</html>"},  # a proxy in between
+    {"status_code": 500, "json": {"error": {"code": "error", "message": "internal error"}}},
+])
+def test_a_write_answered_by_no_store_error_may_have_been_done(db, monkeypatch, answer):
+    """SPEC §6: a write whose answer is a 5xx that is not one of the store's refusals (a
+    proxy, a server crash) is a StorageError with outcome_unknown: it may have been done
+    (it was a StorageError or an AgentStateError that read as nothing written)."""
+    import httpx
+
+    request = db._ops._http.request
+
+    def failing(method, path, **kw):
+        if method == "GET":
+            return request(method, path, **kw)
+        return httpx.Response(**answer, request=httpx.Request(method, db.path + path))
+
+    monkeypatch.setattr(db._ops._http, "request", failing)
+    s = db.scope("app", "a")
+    for write in (lambda: s.put("k", 1), lambda: s.append("l", [1]), lambda: s.delete("k"),
+                  lambda: db.sessions.create(Principal("ops", admin=True))):
+        with pytest.raises(agentstate.StorageError) as e:
+            write()
+        assert e.value.outcome_unknown is True
+    monkeypatch.setattr(db._ops._http, "request", lambda method, path, **kw: httpx.Response(
+        **answer, request=httpx.Request(method, db.path + path)))
+    with pytest.raises(agentstate.AgentStateError) as e:
+        s.get("k")
+    assert getattr(e.value, "outcome_unknown", False) is False  # a read changes nothing

@@ -244,6 +244,9 @@ def test_long_poll_and_stream_wake_on_another_process_write(tmp_path):
         srv.stop()
 
 
+SERVE_ADMIN = agentstate.Principal("admin", admin=True)  # the token serve makes first
+
+
 def _client_worker(url, token, n, seed, sid):
     import random
 
@@ -251,7 +254,7 @@ def _client_worker(url, token, n, seed, sid):
     db = agentstate.connect(url, token=token)
     kv = db.scope("agent", "shared")
     ops = {"inc": 0, "items": [], "turns": 0, "busy": 0}
-    admin = agentstate.Principal("ops", admin=True)
+    admin = SERVE_ADMIN
     for i in range(n):
         r = rnd.random()
         if r < 0.4:
@@ -277,7 +280,7 @@ def test_eight_client_processes_through_the_server(tmp_path):
     srv = serve(str(tmp_path / "served.db"))
     try:
         db = agentstate.connect(srv.url, token=srv.token)
-        sid = db.sessions.create(agentstate.Principal("ops", admin=True)).id
+        sid = db.sessions.create(SERVE_ADMIN).id
         with mp.get_context("spawn").Pool(8) as pool:
             results = pool.starmap(_client_worker, [(srv.url, srv.token, 60, i, sid) for i in range(8)])
         kv = db.scope("agent", "shared")
@@ -287,7 +290,7 @@ def test_eight_client_processes_through_the_server(tmp_path):
         for seed in range(8):  # each process's items in its own order
             mine = [x for x in items if x.startswith(f"{seed}-")]
             assert mine == sorted(mine, key=lambda x: int(x.split("-")[1]))
-        turns = db.sessions.turns(sid, agentstate.Principal("ops", admin=True))
+        turns = db.sessions.turns(sid, SERVE_ADMIN)
         assert sum(t.status == "finished" for t in turns) == sum(r["turns"] for r in results)
         db.close()
     finally:

@@ -26,23 +26,28 @@ from .base import KEEP, Batched, Row
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
 
-_CLASSES: dict[str, type[E.AgentStateError]] = {
-    cls.code: cls for cls in (
-        E.InvalidKey, E.InvalidValue, E.TooLarge, E.VersionConflict, E.NotAList, E.HistoryGap,
-        E.RunExists, E.NotFound, E.SessionBusy, E.InvalidTransition, E.Forbidden, E.Busy,
-        E.Damaged, E.SchemaTooNew, E.Closed, E.StorageError, E.CursorExpired, E.Unauthorized,
-        E.UsageError)
-}
+# Every error class by its code (NotFound before RunNotFound, which shares it): errors
+# added to ``errors`` later come back as themselves, not as an unknown answer.
+_CLASSES: dict[str, type[E.AgentStateError]] = {}
+for _cls in vars(E).values():
+    if isinstance(_cls, type) and issubclass(_cls, E.AgentStateError) and _cls is not E.AgentStateError:
+        _CLASSES.setdefault(_cls.code, _cls)
 
 
-def _error(status: int, body: Any, runs: bool) -> E.AgentStateError:
+def _error(status: int, body: Any, runs: bool, write: bool = False) -> E.AgentStateError:
     info = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(info, dict):
-        return E.StorageError(f"the server answered {status} without an agentstate error")
-    code, message = info.get("code"), str(info.get("message", ""))
-    cls = E.RunNotFound if code == "not_found" and runs else _CLASSES.get(code, E.AgentStateError)
+    if not isinstance(info, dict) or info.get("code") not in _CLASSES:
+        # Not one of the store's refusals: a proxy, or the server failed unexpectedly.
+        # A write may have been done before that: as a failed COMMIT, its outcome is unknown.
+        message = str(info.get("message", "")) if isinstance(info, dict) else ""
+        failed = E.StorageError(f"the server answered {status}" + (
+            f": {message}" if message else " without an agentstate error"))
+        failed.outcome_unknown = write and status >= 500
+        return failed
+    code = info["code"]
+    cls = E.RunNotFound if code == "not_found" and runs else _CLASSES[code]
     err = cls.__new__(cls)
-    Exception.__init__(err, message)
+    Exception.__init__(err, str(info.get("message", "")))
     for name in ("current_version", "turn_id", "size", "limit", "outcome_unknown"):
         if name in info:
             setattr(err, name, info[name])
@@ -90,6 +95,7 @@ class RemoteOps:
                                   headers={"authorization": f"Bearer {token}"})
         self._closed = False
         self._turns = _turns.Turns()  # update_turn()
+        self._me: tuple[str, bool] | None = None  # the token's principal (name, admin)
 
     # -- the transport ----------------------------------------------------------------
 
@@ -123,7 +129,7 @@ class RemoteOps:
                 data = r.json()
             except ValueError:
                 data = None
-            raise _error(r.status_code, data, runs)
+            raise _error(r.status_code, data, runs, write=method != "GET")
         if raw:
             return r.content
         return decode(r.content) if r.content else None
@@ -164,22 +170,21 @@ class RemoteOps:
 
     def apply_batch(self, ops: list[Batched],
                     call: Callable[..., Any]) -> list[Any]:
+        """One POST /v1/batch; each op's value comes validated and encoded (``_batch``) and
+        its JSON text is spliced in as is, as for a single write."""
         from .._scope import Appended
 
-        body = []
+        parts = []
         for op, kind, sid, key, args, kwargs in ops:
-            item: dict[str, Any] = {"op": op, "scope": f"{kind}:{sid}", "key": key}
+            head = f'{{"op":"{op}","scope":{_dumps(f"{kind}:{sid}")},"key":{_dumps(key)}'
             if op == "put":
-                item["value"] = args[0]
+                _type, stored, _size, items = args
+                head += ',"value":' + (stored if items is None else "[" + ",".join(items) + "]")
             elif op == "append":
-                item["items"] = args[0]
-            item.update({k: v for k, v in kwargs.items() if v is not None})
-            body.append(item)
-        try:
-            text = _dumps({"ops": body})
-        except (TypeError, ValueError) as e:
-            raise E.InvalidValue(f"a batch value is not JSON: {e}") from None
-        results = self._call("POST", "/v1/batch", body=text)["results"]
+                head += ',"items":[' + ",".join(args[0]) + "]"
+            fields = {k: v for k, v in kwargs.items() if v is not None and v != KEEP}
+            parts.append(head + "".join(f',"{k}":{_dumps(v)}' for k, v in fields.items()) + "}")
+        results = self._call("POST", "/v1/batch", body='{"ops":[' + ",".join(parts) + "]}")["results"]
         return [Appended(r["length"], r["version"]) if "length" in r
                 else r["deleted"] if "deleted" in r else r["version"] for r in results]
 
@@ -190,13 +195,31 @@ class RemoteOps:
         return path + (f"/{_q(key)}" if key else "") + tail
 
     def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
+        path = self._key(kind, sid, key)
+        if raw:
+            return self._bytes(path)
+        for _ in range(3):
+            try:
+                d = self._call("GET", path)
+            except E.NotFound:
+                return None
+            except E.InvalidValue:
+                # Stored bytes that are not JSON: the server will not parse them (400).
+                # Parse them here, so the error is a local get's own json.JSONDecodeError.
+                row = self._bytes(path)
+                if row is None:
+                    return None  # deleted meanwhile
+                decode(row[1])  # raises json.JSONDecodeError, as Scope.get does
+                continue  # they parse now: rewritten meanwhile, so ask again
+            return ("json", _dumps(d["value"]), d["version"], None)
+        raise E.InvalidValue(f"GET {path}: the server refuses to parse bytes that parse here")
+
+    def _bytes(self, path: str) -> Row | None:
+        """A key's stored bytes (a JSON value as its UTF-8 text), or None when absent."""
         try:
-            if raw:
-                return ("bytes", self._call("GET", self._key(kind, sid, key), raw=True), 0, None)
-            d = self._call("GET", self._key(kind, sid, key))
+            return ("bytes", self._call("GET", path, raw=True), 0, None)
         except E.NotFound:
             return None
-        return ("json", _dumps(d["value"]), d["version"], None)
 
     def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
                items: list[str] | None, if_version: int | None, ttl: Any) -> int:
@@ -259,7 +282,9 @@ class RemoteOps:
         except E.NotFound:
             return None
         head = (_text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"])
-        return head, [(e.get("seq") if isinstance(e, dict) else None, _dumps(e)) for e in d["entries"]]
+        # an entry that is not an object has no seq: -1 fails load()'s check (Damaged)
+        return head, [(e.get("seq", -1) if isinstance(e, dict) else -1, _dumps(e))
+                      for e in d["entries"]]
 
     def run_head(self, run_id: str) -> Row | None:
         try:
@@ -299,54 +324,85 @@ class RemoteOps:
 
     # -- sessions and turns ----------------------------------------------------------------------
 
+    def _as(self, name: str, admin: bool) -> str | None:
+        """The X-Agentstate-Principal that makes a call act for ``Principal(name, admin)``.
+
+        None when that is the token's own principal. The header names a principal
+        without admin rights, which an admin token may do for anyone (its own name
+        too) and any other token for itself only (else the server answers 403). An
+        admin principal other than the token's own cannot be named: Forbidden here,
+        rather than acting for someone else.
+        """
+        me = self._whoami()
+        if (name, admin) == me:
+            return None
+        if admin:
+            raise E.Forbidden(f"Principal({name!r}, admin=True) needs {name}'s own admin token: "
+                              f"this connection's token acts as {me[0]!r}"
+                              + (" (an admin)" if me[1] else " (not an admin)"))
+        return name
+
+    def _whoami(self) -> tuple[str, bool]:
+        """(name, admin) of the token's principal, asked once: a token's never changes."""
+        if self._me is None:
+            d = self._call("GET", "/v1/whoami")
+            self._me = (d["name"], d["admin"])
+        return self._me
+
     def session_create(self, owner: str, metadata: str) -> Row:
+        who = None if owner == self._whoami()[0] else owner  # creating needs no admin rights
         return _session_row(self._call("POST", "/v1/sessions", body='{"metadata":' + metadata + "}",
-                                       who=owner))
+                                       who=who))
 
     def session_get(self, session_id: str, name: str, admin: bool) -> Row:
-        return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}", who=name))
+        return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}",
+                                       who=self._as(name, admin)))
 
     def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
-        return [_session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit, who=name)]
+        return [_session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit,
+                                                    who=self._as(name, admin))]
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
-        self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=name)
+        self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=self._as(name, admin))
 
     def session_prune(self, name: str, admin: bool, idle_for: float) -> list[str]:
         return self._call("POST", "/v1/sessions/prune", body=_dumps({"idle_for": idle_for}),
-                          who=name)["sessions"]
+                          who=self._as(name, admin))["sessions"]
 
     def session_release(self, session_id: str, name: str, admin: bool) -> Row:
-        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/release", who=name))
+        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/release",
+                                    who=self._as(name, admin)))
 
     def turn_start(self, session_id: str, name: str, admin: bool, status: str,
                    input_: str | None, lease: float) -> Row:
         body = ('{"input":' + (input_ or "null") + f',"lease":{_dumps(lease)},"queued":'
                 + ("true" if status == "queued" else "false") + "}")
         return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/turns", body=body,
-                                    who=name))
+                                    who=self._as(name, admin)))
 
     def turn_get(self, turn_id: str, name: str, admin: bool) -> Row:
-        return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=name))
+        return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=self._as(name, admin)))
 
     def turn_list(self, session_id: str, name: str, admin: bool, after: str | None,
                   limit: int | None) -> list[Row]:
         return [_turn_row(d) for d in self._page(f"/v1/sessions/{_q(session_id)}/turns", "turns",
-                                                 after, limit, who=name)]
+                                                 after, limit, who=self._as(name, admin))]
 
     def turn_find(self, name: str, admin: bool, live: tuple[str, ...], expired: bool,
                   after: str | None, limit: int | None) -> list[Row]:
         wanted = (*live, "expired") if expired else live
-        return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit, who=name,
+        return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit,
+                                                 who=self._as(name, admin),
                                                  status=",".join(wanted))]
 
     def _page(self, path: str, field: str, after: str | None, limit: int | None,
               who: str | None = None, **params: Any) -> list[dict[str, Any]]:
-        """A list route's items (the server takes limits from 1; limit 0 asks nothing)."""
-        if limit == 0:
-            return []
-        return self._call("GET", path, params={**params, "after": after, "limit": limit},
-                          who=who, runs=field == "runs")[field]
+        """A list route's items. The server takes limits from 1: limit 0 asks for 1 and
+        answers [], so an unknown ``after`` or session is still refused, as locally."""
+        asked = 1 if limit == 0 else limit
+        items = self._call("GET", path, params={**params, "after": after, "limit": asked},
+                           who=who, runs=field == "runs")[field]
+        return [] if limit == 0 else items
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
                   to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:
@@ -357,7 +413,8 @@ class RemoteOps:
             body = _dumps({"error": sets["error"]})
         else:  # start, heartbeat, resume
             body = _dumps({"lease": lease})
-        return _turn_row(self._call("POST", f"/v1/turns/{_q(turn_id)}/{what}", body=body, who=name))
+        return _turn_row(self._call("POST", f"/v1/turns/{_q(turn_id)}/{what}", body=body,
+                                    who=self._as(name, admin)))
 
     # -- the change feed and settings ---------------------------------------------------------------
 
@@ -378,6 +435,9 @@ class RemoteOps:
                            params={"since": since, "limit": limit, "wait": wait, **flt})
             if d["changes"] or (deadline is not None and time.monotonic() >= deadline):
                 return [_change_row(c) for c in d["changes"]]
+            # Nothing this principal may see up to where the server read: on from there,
+            # as a local watch goes on from the head (``since`` may be purged meanwhile).
+            since = max(since, d["last"])
 
     async def awatch(self, since: int, limit: int, flt: dict[str, Any]) -> AsyncIterator[Row]:
         import httpx
@@ -388,17 +448,30 @@ class RemoteOps:
                                      headers={"authorization": f"Bearer {self._token}"}) as http:
             cursor = since
             while True:
-                try:
-                    r = await http.get("/v1/changes", params={
-                        "since": cursor, "limit": limit, "wait": LONG_POLL, **flt})
-                except httpx.HTTPError as e:
-                    raise E.StorageError(f"GET {self.url}/v1/changes: {type(e).__name__}: {e}") from None
-                if r.status_code >= 400:
-                    raise _error(r.status_code, r.json(), False)
-                for c in r.json()["changes"]:
+                d = await self._apoll(http, {"since": cursor, "limit": limit, "wait": LONG_POLL,
+                                             **flt})
+                for c in d["changes"]:
                     yield _change_row(c)
                     cursor = c["seq"]
+                cursor = max(cursor, d["last"])  # past what the server read, shown or not
                 await asyncio.sleep(0)
+
+    async def _apoll(self, http: Any, params: dict[str, Any]) -> dict[str, Any]:
+        """One long poll of awatch()."""
+        import httpx
+
+        self.check_open()
+        try:
+            r = await http.get("/v1/changes", params=params)
+        except httpx.HTTPError as e:
+            raise E.StorageError(f"GET {self.url}/v1/changes: {type(e).__name__}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                data = r.json()
+            except ValueError:
+                data = None
+            raise _error(r.status_code, data, False)
+        return r.json()
 
     def settings(self) -> dict[str, Any]:
         return self._call("GET", "/v1/settings")

@@ -129,14 +129,19 @@ def bearer(request: Request) -> str:
 
 
 def acting(principal: agentstate.Principal, request: Request) -> agentstate.Principal:
-    """The token's principal, or (admins only) the one named in X-Agentstate-Principal."""
+    """Who a request acts as: the token's principal, or the one named in
+    X-Agentstate-Principal, always without admin rights. An admin token may name anyone
+    (a service acting for its users; its own name, to act as a plain principal of that
+    name); any other token only itself."""
     other = request.headers.get(PRINCIPAL_HEADER)
-    if other is None or other == principal.name:
+    if other is None:
         return principal
-    if not principal.admin:
-        raise Forbidden(f"only an admin token may act for another principal ({principal.name} "
-                        "is not an admin)")
-    return agentstate.Principal(other)  # InvalidKey for a bad name
+    if principal.admin:
+        return agentstate.Principal(other)  # InvalidKey for a bad name
+    if other == principal.name:
+        return principal
+    raise Forbidden(f"only an admin token may act for another principal ({principal.name} "
+                    "is not an admin)")
 
 
 async def disconnected(request: Request) -> None:

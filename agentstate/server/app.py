@@ -127,6 +127,10 @@ class API:
             raise Unauthorized("unknown token")
         return h.acting(cached[1], request)
 
+    async def whoami(self, request: Request) -> Response:
+        p = await self.principal(request)
+        return h.JSON({"name": p.name, "admin": p.admin})
+
     async def admin(self, request: Request) -> agentstate.Principal:
         p = await self.principal(request)
         if not p.admin:
@@ -684,6 +688,7 @@ def _routes(api: API) -> list[Route_]:
                answer="Problems", errors=(403, 500)),
         Route_("GET", "/v1/admin/info", api.info, "Sizes, versions, counts (admin)", answer="object",
                errors=(403,)),
+        Route_("GET", "/v1/whoami", api.whoami, "Who a request acts as", answer="object", errors=()),
         Route_("GET", "/v1/health", api.health, "Liveness", answer="Health", errors=(), auth=False),
         Route_("GET", "/openapi.json", api.openapi, "This document", answer="object", errors=(),
                auth=False),
