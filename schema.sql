@@ -84,6 +84,12 @@ CREATE TABLE run_entry (
     PRIMARY KEY (run_id, seq)
 ) STRICT, WITHOUT ROWID;
 
+-- The tool calls of a run by call id (SPEC §14: once() finds a call's newest
+-- tool_call or tool_result with one probe, whatever the run's length). Partial:
+-- only those entries are indexed. A query must repeat both expressions as written.
+CREATE INDEX run_entry_call ON run_entry (run_id, json_extract(entry, '$.call_id'))
+WHERE json_extract(entry, '$.type') IN ('tool_call', 'tool_result');
+
 -- No gap, whoever writes: an entry needs its predecessor, except the first
 -- one kept (seq first_seq: 0, or where trim() cut the history).
 -- (write() also keeps run.next_seq, and check() verifies the two agree.)
@@ -211,4 +217,4 @@ WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
 CREATE VIEW changes AS
 SELECT seq, at, topic, op, kind, scope_id, key, version, start, count FROM change;
 
-PRAGMA user_version = 3;
+PRAGMA user_version = 4;

@@ -4,6 +4,7 @@ One SQLite file in WAL mode; many local processes share it safely.
 """
 
 from ._batch import Batch
+from ._calls import NOT_RUN, Claim
 from ._changes import Change
 from ._database import Database, open
 from .backends.base import KEEP
@@ -15,14 +16,18 @@ from ._thread import ThreadStateClient, ThreadStateStore
 from .errors import (
     AgentStateError,
     Busy,
+    CallFailed,
+    CallInProgress,
     Closed,
     CursorExpired,
     Damaged,
     Forbidden,
     HistoryGap,
+    InDoubt,
     InvalidKey,
     InvalidTransition,
     InvalidValue,
+    LeaseLost,
     NotAList,
     NotFound,
     RunExists,
@@ -43,7 +48,10 @@ __all__ = [
     "Appended",
     "Batch",
     "Busy",
+    "CallFailed",
+    "CallInProgress",
     "Change",
+    "Claim",
     "CursorExpired",
     "Unauthorized",
     "Closed",
@@ -59,10 +67,13 @@ __all__ = [
     "RunStore",
     "SavedState",
     "HistoryGap",
+    "InDoubt",
     "InvalidKey",
     "KEEP",
     "InvalidTransition",
     "InvalidValue",
+    "LeaseLost",
+    "NOT_RUN",
     "NotAList",
     "NotFound",
     "RunExists",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._encoding import check_key, check_kind, encode_items
+from ._encoding import check_fence, check_key, check_kind, encode_items
 from ._scope import KEEP, Appended, _check_version, _encode_value, _ttl
 from .errors import InvalidValue
 
@@ -69,8 +69,9 @@ class BatchScope:
 class Batch:
     """Collects writes; ``results`` holds each one's return value once applied."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, fence: Any = None) -> None:
         self._db = db
+        self._fence = check_fence(fence)
         self.ops: list[Op] = []
         self.results: list[Any] | None = None
 
@@ -82,7 +83,7 @@ class Batch:
 
     def apply(self) -> list[Any]:
         """All or none: the first refusal raises and nothing is written."""
-        ops = self._db._ops
+        ops = self._db._ops if self._fence is None else self._db._ops.fenced(self._fence)
 
         def call(op: str, kind: str, sid: str, key: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Any:

@@ -62,15 +62,20 @@ class Database:
     def _check_open(self) -> None:
         self._ops.check_open()
 
-    def scope(self, kind: str, scope_id: str) -> Scope:
-        """The keys of one scope: kind is thread, session, agent, user or app."""
-        self._check_open()
-        return Scope(self._ops, kind, scope_id)
+    def scope(self, kind: str, scope_id: str, *, fence: Any = None) -> Scope:
+        """The keys of one scope: kind is thread, session, agent, user or app.
 
-    def state(self, **ids: str) -> State:
-        """Several scopes at once, e.g. ``db.state(session="s-1", agent="bot")``."""
+        ``fence``: a Turn (or turn id): every write through this scope lands only while
+        that turn holds its lease, else ``LeaseLost`` and nothing is written (SPEC §14).
+        """
         self._check_open()
-        return State(self._ops, ids)
+        return Scope(self._ops, kind, scope_id, fence)
+
+    def state(self, *, fence: Any = None, **ids: str) -> State:
+        """Several scopes at once, e.g. ``db.state(session="s-1", agent="bot")``;
+        ``fence`` as for :meth:`scope`."""
+        self._check_open()
+        return State(self._ops, ids, fence)
 
     @contextmanager
     def transaction(self) -> Iterator[Database]:
@@ -82,11 +87,12 @@ class Database:
             yield self
 
     @contextmanager
-    def batch(self) -> Iterator[Batch]:
+    def batch(self, *, fence: Any = None) -> Iterator[Batch]:
         """Collect writes (``b.scope(kind, id).put/delete/append``) and apply them all or
         none when the block exits; the first refusal raises. ``b.results`` then holds
-        each write's return value. An exception in the block applies nothing."""
-        b = Batch(self)
+        each write's return value. An exception in the block applies nothing.
+        ``fence``: a Turn (or turn id) fencing every write: ``LeaseLost`` fails them all."""
+        b = Batch(self, fence)
         yield b
         b.apply()
 

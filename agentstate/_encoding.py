@@ -274,3 +274,22 @@ def fs_path(path: str | bytes | os.PathLike[Any]) -> str:
     if "\x00" in p:
         raise InvalidValue("a path cannot contain NUL")
     return p
+
+
+def check_fence(fence: Any) -> str | None:
+    """The turn id of a ``fence=`` argument (SPEC §14): a Turn, a turn id, or None."""
+    if fence is None:
+        return None
+    turn_id = getattr(fence, "id", fence)  # a Turn (or anything with the turn's id)
+    if type(turn_id) is not str:
+        raise InvalidValue(f"fence must be a Turn or a turn id, got {_show(fence)}")
+    return check_key(turn_id, "fence (a turn id)")
+
+
+def storable_text(v: Any) -> str:
+    """Any text as valid, NUL-free UTF-8: lone surrogates (an os.fsdecode'd file name)
+    and NUL become backslash escapes, so storing an error's text can never fail."""
+    text = str(v)
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")

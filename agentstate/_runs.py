@@ -6,14 +6,16 @@ import asyncio
 import builtins
 import functools
 import os
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic.dataclasses import dataclass
 
-from . import _runfiles
-from ._encoding import canonical, check_int, check_key, decode, encode
+from . import _calls, _runfiles
+from ._calls import Claim
+from ._encoding import canonical, check_fence, check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ class RunStore:
 
     def write(
         self, run_id: str, entries: list[dict[str, Any]], snapshot: dict[str, Any] | None,
-        *, create: bool = False,
+        *, create: bool = False, fence: Any = None,
     ) -> None:
         """Add history entries and replace the snapshot, in one transaction.
 
@@ -155,11 +157,14 @@ class RunStore:
         :raises RunExists: ``create=True`` and the run exists.
         :raises RunNotFound: ``create=False`` and the run does not exist.
         :raises HistoryGap: the entries leave a gap; nothing is written.
+        :raises LeaseLost: ``fence`` (a Turn or turn id, SPEC §14) no longer holds its lease.
         """
         check_key(run_id, "run id")
         rows = encode_entries(entries)
         snap = encode_snapshot(snapshot)
-        self._ops.run_write(run_id, rows, snap, create)
+        turn_id = check_fence(fence)
+        ops = self._ops if turn_id is None else self._ops.fenced(turn_id)
+        ops.run_write(run_id, rows, snap, create)
 
     def read(self, run_id: str) -> Record | None:
         """All entries from seq 0 and the snapshot; None if there is no such run."""
@@ -310,6 +315,63 @@ class RunStore:
         _check_count("upto", upto, allow_none=True)
         self._ops.run_fork(run_id, new_id, upto)
 
+    # -- tool calls that run at most once (SPEC §14) ---------------------------
+
+    def claim(self, run_id: str, call_id: str, *, call: dict[str, Any] | None = None,
+              fence: Any = None, lease: float = 300.0, retry: bool = False) -> Claim:
+        """Claim the tool call ``call_id`` of the run, or say where it stands, in one
+        transaction (the lookup is an index probe, whatever the run's length).
+
+        ``claimed``: nobody had; a ``tool_call`` entry (``call``'s keys merged in, with
+        ``at``, ``fence`` and ``lease``) is now committed at the next seq — run the call
+        and :meth:`settle` it. ``done``/``failed``: a result is recorded. ``in_progress``:
+        another claim is live (its fence's turn holds its lease, or without a fence less
+        than its ``lease`` seconds passed). ``in_doubt``: a claim with no result that is
+        no longer live — it may have run; ``retry=True`` claims it again (``"retry": n``).
+
+        :raises RunNotFound: no such run. :raises LeaseLost: ``fence`` lapsed (nothing
+            appended). :raises InvalidKey, InvalidValue: bad ids, ``call`` or lease.
+        """
+        return _calls.claim(self._ops, run_id, call_id, call, fence, lease, retry)
+
+    def settle(self, run_id: str, call_id: str, *, result: Any = None, error: str | None = None,
+               fence: Any = None) -> None:
+        """Record the outcome of a claimed call: ``result`` (``"status": "ok"``), or the
+        ``error``'s text (``"status": "error"``), as a ``tool_result`` entry.
+
+        :raises InvalidTransition: the call is not claimed, or settled already.
+        :raises RunNotFound, LeaseLost: as for :meth:`claim`.
+        """
+        _calls.settle(self._ops, run_id, call_id, result, error, fence)
+
+    def once(self, run_id: str, call_id: str, fn: Callable[[], Any], *,
+             call: dict[str, Any] | None = None,
+             reconcile: Callable[[str, dict[str, Any]], Any] | None = None,
+             fence: Any = None, lease: float = 300.0) -> Any:
+        """Run ``fn()`` at most once for ``(run_id, call_id)``, however often the process
+        crashes and resumes and however many workers race, and return its result.
+
+        The claim is on disk before ``fn`` runs; its result (a JSON value) or its error
+        is recorded after. A recorded result is returned without calling anything; a
+        recorded error raises ``CallFailed``. A claim with no result whose worker may
+        still run is ``CallInProgress``; one that is no longer live is in doubt:
+        ``reconcile(call_id, entry)`` asks the outside world (say, the payment provider,
+        by the idempotency key the call was made with) and returns the call's result
+        (recorded and returned) or ``agentstate.NOT_RUN`` (then ``fn`` runs); without
+        ``reconcile``, ``InDoubt``. If ``fn`` raises, its error is recorded and it
+        propagates; an interrupt (Ctrl-C, a cancel) leaves the call in doubt.
+
+        :raises InDoubt, CallInProgress, CallFailed, LeaseLost, RunNotFound: as above.
+        """
+        return _calls.once(self._ops, run_id, call_id, fn, call, reconcile, fence, lease)
+
+    async def aonce(self, run_id: str, call_id: str, fn: Callable[[], Any], *,
+                    call: dict[str, Any] | None = None,
+                    reconcile: Callable[[str, dict[str, Any]], Any] | None = None,
+                    fence: Any = None, lease: float = 300.0) -> Any:
+        """The async twin of :meth:`once`: ``fn`` and ``reconcile`` may be async."""
+        return await _calls.aonce(self._ops, run_id, call_id, fn, call, reconcile, fence, lease)
+
     def export(self, run_id: str, folder: str | os.PathLike[str]) -> Path:
         """Write the run to ``folder/{run_id}/log.jsonl`` and ``snapshot.json``."""
         return _runfiles.export_run(self, run_id, folder)
@@ -333,6 +395,8 @@ class RunStore:
     afork = _aversion(fork)
     atrim = _aversion(trim)
     aprune = _aversion(prune)
+    aclaim = _aversion(claim)
+    asettle = _aversion(settle)
 
 
 def _hashable(v: Any) -> str:

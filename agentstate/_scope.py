@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_int, check_key, check_kind, decode,
-                        encode, encode_items, prefix_ok)
+from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_fence, check_int, check_key,
+                        check_kind, decode, encode, encode_items, prefix_ok)
 from ._turns import aturn
 from .backends.base import KEEP
 from .errors import Damaged, InvalidValue, NotAList, TooLarge, VersionConflict
@@ -101,10 +101,17 @@ class Scope:
 
     __slots__ = ("_ops", "kind", "id")
 
-    def __init__(self, ops: Ops, kind: str, scope_id: str) -> None:
-        self._ops = ops
+    def __init__(self, ops: Ops, kind: str, scope_id: str, fence: Any = None) -> None:
+        turn_id = check_fence(fence)
+        self._ops = ops if turn_id is None else ops.fenced(turn_id)
         self.kind = check_kind(kind)
         self.id = check_key(scope_id, "scope id")
+
+    def _writer(self, fence: Any) -> Ops:
+        """The operations a write goes through: fenced by ``fence`` (a Turn or a turn id)
+        on top of the scope's own fence, if any (SPEC §14)."""
+        turn_id = check_fence(fence)
+        return self._ops if turn_id is None else self._ops.fenced(turn_id)
 
     def __repr__(self) -> str:
         return f"<Scope {self.kind}:{self.id}>"
@@ -122,29 +129,32 @@ class Scope:
         return Versioned(None, 0) if row is None else Versioned(_value(row), row[2])
 
     def put(self, key: str, value: Any, *, if_version: int | None = None,
-            ttl: float | None = None) -> int:
+            ttl: float | None = None, fence: Any = None) -> int:
         """Write ``value``; return the new version.
 
         ``ttl``: seconds until the key expires; None: it does not expire
-        (``"keep"``: the expiry it had, as ``update`` does).
+        (``"keep"``: the expiry it had, as ``update`` does). ``fence``: a Turn (or a
+        turn id) whose lease must hold when the write commits (SPEC §14).
 
         :raises VersionConflict: ``if_version`` is not the current version (0: absent).
         :raises InvalidKey, InvalidValue, TooLarge: refused before anything is written.
+        :raises LeaseLost: the fence's turn lost its lease; nothing was written.
         """
         check_key(key)
         if_version = _check_version(if_version)
         expiry: Any = KEEP if ttl == KEEP else _ttl(ttl)
         type_, stored, size, items = _encode_value(value)
-        return self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items, if_version,
+        return self._writer(fence).kv_put(self.kind, self.id, key, type_, stored, size, items, if_version,
                                 expiry)
 
-    def delete(self, key: str, *, if_version: int | None = None) -> bool:
-        """Remove ``key``; True if it existed. :raises VersionConflict: as for put."""
+    def delete(self, key: str, *, if_version: int | None = None, fence: Any = None) -> bool:
+        """Remove ``key``; True if it existed. :raises VersionConflict, LeaseLost: as for put."""
         check_key(key)
         if_version = _check_version(if_version)
-        return self._ops.kv_delete(self.kind, self.id, key, if_version)
+        return self._writer(fence).kv_delete(self.kind, self.id, key, if_version)
 
-    def update(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
+    def update(self, key: str, fn: Callable[[Any], Any], *, default: Any = None,
+               fence: Any = None) -> Any:
         """Replace the value by ``fn(value)`` atomically and return the new value.
 
         Compare-and-set: ``fn`` runs on a snapshot, outside any lock; the write
@@ -152,13 +162,14 @@ class Scope:
         ``fn`` runs again on the fresh value inside the write transaction, so
         it runs at most twice and no concurrent update is lost. ``fn`` gets
         ``default`` only when the key is absent; an exception from ``fn``
-        writes nothing and propagates.
+        writes nothing and propagates. ``fence``: as for put.
         """
         check_key(key)
+        ops = self._writer(fence)
         with self._ops.update_turn(self.kind, self.id, key):  # remote: a client's threads take turns
             row, current = self._current(key, default)
             new = fn(current)
-            if self._try_set(key, new, row):
+            if self._try_set(key, new, row, ops):
                 return new
             # Lost the race: again, holding the write lock where the store has one
             # (then this cannot lose again); a remote store retries until it wins.
@@ -166,7 +177,7 @@ class Scope:
                 while True:
                     row, current = self._current(key, default)
                     new = fn(current)
-                    if self._try_set(key, new, row):
+                    if self._try_set(key, new, row, ops):
                         return new
 
     def _current(self, key: str, default: Any) -> tuple[tuple[Any, ...] | None, Any]:
@@ -174,36 +185,38 @@ class Scope:
         row = self._ops.kv_get(self.kind, self.id, key)
         return row, default if row is None else _value(row)
 
-    def _try_set(self, key: str, new: Any, row: tuple[Any, ...] | None) -> bool:
+    def _try_set(self, key: str, new: Any, row: tuple[Any, ...] | None, ops: Ops) -> bool:
         """The compare-and-set of update(): writes only at the version read; keeps the expiry."""
         type_, stored, size, items = _encode_value(new)
         try:
-            self._ops.kv_put(self.kind, self.id, key, type_, stored, size, items,
+            ops.kv_put(self.kind, self.id, key, type_, stored, size, items,
                              0 if row is None else row[2], KEEP)
             return True
         except VersionConflict:
             return False
 
-    def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> Appended:
+    def append(self, key: str, items: list[Any], *, ttl: float | None = None,
+               fence: Any = None) -> Appended:
         """Add ``items`` at the end of the list ``key`` (created if absent).
 
         ``ttl``: seconds until the key expires; None keeps the expiry it had.
 
         :raises NotAList: the key holds another kind of value.
         :raises TooLarge: the whole list would be over 1 MiB of JSON.
+        :raises LeaseLost: ``fence``'s turn lost its lease (as for put).
         """
         check_key(key)
         ttl = _ttl(ttl)
         texts, size = encode_items(items)
-        return Appended(*self._ops.kv_append(self.kind, self.id, key, texts, size,
+        return Appended(*self._writer(fence).kv_append(self.kind, self.id, key, texts, size,
                                              KEEP if ttl is None else ttl))
 
-    def touch(self, key: str, ttl: float | None = None) -> bool:
+    def touch(self, key: str, ttl: float | None = None, *, fence: Any = None) -> bool:
         """Set a new expiry, ``ttl`` seconds from now (None: never); value and version
-        unchanged. False if the key is absent."""
+        unchanged. False if the key is absent. ``fence``: as for put."""
         check_key(key)
         ttl = _ttl(ttl)
-        return self._ops.kv_touch(self.kind, self.id, key, ttl)
+        return self._writer(fence).kv_touch(self.kind, self.id, key, ttl)
 
     def expires_at(self, key: str) -> datetime | None:
         """When the key expires (UTC); None if it does not, or is absent."""
@@ -211,15 +224,16 @@ class Scope:
         at = self._ops.kv_expires_at(self.kind, self.id, key)
         return None if at is None else datetime.fromtimestamp(at, timezone.utc)
 
-    def pop(self, key: str, n: int = 1) -> list[Any]:
+    def pop(self, key: str, n: int = 1, *, fence: Any = None) -> list[Any]:
         """Remove the last ``n`` items of the list ``key`` and return them in list order.
 
         Fewer when the list is shorter; [] when absent. Atomic; the version rises
         when something was removed. :raises NotAList: the key holds another kind of value.
+        ``fence``: as for put.
         """
         check_key(key)
         check_int("n", n)
-        texts = self._ops.kv_pop(self.kind, self.id, key, n)
+        texts = self._writer(fence).kv_pop(self.kind, self.id, key, n)
         return _stored("[" + ",".join(texts) + "]") if texts else []
 
     def slice(self, key: str, start: int = 0, stop: int | None = None) -> list[Any]:
@@ -259,8 +273,8 @@ class Scope:
         return self._ops.kv_keys(self.kind, self.id, prefix, after, limit)
 
     def put_bytes(self, key: str, data: bytes, *, if_version: int | None = None,
-                  ttl: float | None = None) -> int:
-        """Store raw bytes under ``key``; return the new version (``ttl`` as for put)."""
+                  ttl: float | None = None, fence: Any = None) -> int:
+        """Store raw bytes under ``key``; return the new version (``ttl``, ``fence`` as for put)."""
         check_key(key)
         if_version = _check_version(if_version)
         ttl = _ttl(ttl)
@@ -269,7 +283,8 @@ class Scope:
         data = bytes(data)
         if len(data) > MAX_VALUE:
             raise TooLarge(f"value is {len(data)} bytes, over the limit of {MAX_VALUE}", len(data), MAX_VALUE)
-        return self._ops.kv_put(self.kind, self.id, key, "bytes", data, len(data), None, if_version, ttl)
+        return self._writer(fence).kv_put(self.kind, self.id, key, "bytes", data, len(data), None,
+                                          if_version, ttl)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The stored bytes; a JSON value as its UTF-8 JSON text; None when absent."""
@@ -301,7 +316,8 @@ class Scope:
     atouch = _async(touch)
     aexpires_at = _async(expires_at)
 
-    async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None) -> Any:
+    async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None,
+                      fence: Any = None) -> Any:
         """The async twin of :meth:`update`; ``fn`` may be a plain or an async function.
 
         ``fn`` runs on the event loop; the read and the write run in a worker thread,
@@ -310,20 +326,24 @@ class Scope:
         on a conflict, again with the fresh value.
         """
         check_key(key)
+        ops = self._writer(fence)
         async with aturn((self.kind, self.id, key)):  # the loop's tasks take turns on a key
             while True:
                 row, current = await asyncio.to_thread(self._current, key, default)
                 new = fn(current)
                 if inspect.isawaitable(new):
                     new = await new
-                if await asyncio.to_thread(self._try_set, key, new, row):
+                if await asyncio.to_thread(self._try_set, key, new, row, ops):
                     return new
 
 
 class State:
     """Several scopes at once: ``db.state(session="s", agent="a").session``."""
 
-    def __init__(self, ops: Ops, ids: dict[str, str]) -> None:
+    def __init__(self, ops: Ops, ids: dict[str, str], fence: Any = None) -> None:
+        turn_id = check_fence(fence)
+        if turn_id is not None:
+            ops = ops.fenced(turn_id)
         for kind, scope_id in ids.items():
             check_kind(kind)
             if scope_id is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic.dataclasses import dataclass
 
-from ._encoding import check_int, check_key, decode, encode, is_key
+from ._encoding import check_int, check_key, decode, encode, is_key, storable_text
 from ._runs import parse_time
 from ._scope import Scope
 from .backends.base import effective_status
@@ -74,15 +74,6 @@ def _lease(lease: Any) -> float:
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < 1e9:
         raise InvalidValue(f"lease must be a positive number of seconds, got {lease!r}")
     return float(lease)
-
-
-def storable_text(v: Any) -> str:
-    """Any text as valid, NUL-free UTF-8: lone surrogates (an os.fsdecode'd file name)
-    and NUL become backslash escapes, so storing an error's text can never fail."""
-    text = str(v)
-    if not text.isascii():
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text.replace("\x00", "\\x00")
 
 
 def _info(row: tuple[Any, ...]) -> SessionInfo:

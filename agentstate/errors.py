@@ -7,6 +7,11 @@ stable ``code`` and the matching HTTP ``status``.
 
 from __future__ import annotations
 
+# The facts an error may carry as attributes, by name: what the State API puts beside
+# ``code`` and ``message`` in an error body, and what the clients set again.
+FIELDS = ("current_version", "turn_id", "size", "limit", "outcome_unknown", "call_id", "at",
+          "error")
+
 
 class AgentStateError(Exception):
     """Base class of every error agentstate raises."""
@@ -151,3 +156,51 @@ class Unauthorized(AgentStateError, PermissionError):
     """No token, or a token the server does not know."""
 
     code, status = "unauthorized", 401
+
+
+# -- fenced writes and tool calls that run at most once (SPEC §14) -----------------------
+
+class LeaseLost(AgentStateError):
+    """A fenced write's turn no longer holds its lease (it lapsed, or another turn of the
+    session took over, or there is no such turn): nothing was written. ``.turn_id``."""
+
+    code, status = "lease_lost", 409
+
+    def __init__(self, message: str, turn_id: str) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+
+
+class InDoubt(AgentStateError):
+    """A tool call was claimed and has no recorded result, and its claim is no longer
+    live: it may or may not have run. ``reconcile`` settles it; ``.call_id``, ``.at``
+    (when it was claimed, ISO-8601 UTC)."""
+
+    code, status = "in_doubt", 409
+
+    def __init__(self, message: str, call_id: str, at: str | None) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+        self.at = at
+
+
+class CallInProgress(AgentStateError):
+    """Another worker claimed this tool call and its claim is still live. ``.call_id``."""
+
+    code, status = "call_in_progress", 409
+
+    def __init__(self, message: str, call_id: str) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+
+
+class CallFailed(AgentStateError):
+    """The tool call ran and its error was recorded; it is not run again. ``.call_id``,
+    ``.error`` (the recorded text)."""
+
+    code, status = "call_failed", 409
+
+    def __init__(self, message: str, call_id: str, error: str) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+        self.error = error

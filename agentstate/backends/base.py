@@ -109,6 +109,45 @@ def effective_status(status: str, lease_until: float | None, now: float | None =
     return status
 
 
+# -- tool calls that run at most once (SPEC §14) -------------------------------------------
+
+CALL_TYPES: Final = ("tool_call", "tool_result")  # the entries once() and load() pair by call_id
+RESERVED: Final = ("seq", "type", "call_id", "at", "fence", "lease", "retry")  # not in ``call``
+
+
+def call_state(entry: dict[str, Any], fence_live: bool | None, now: float) -> str:
+    """What a call is, from its newest entry: ``done`` or ``failed`` (a result is
+    recorded), ``in_progress`` (a claim that is still live: its fence's turn holds its
+    lease — ``fence_live`` —, or without a fence less than its ``lease`` seconds have
+    passed since its ``at``), else ``in_doubt`` (it may have run)."""
+    if entry.get("type") == "tool_result":
+        return "failed" if entry.get("status") == "error" else "done"
+    if entry.get("fence") is not None:
+        return "in_progress" if fence_live else "in_doubt"
+    at, lease = entry.get("at"), entry.get("lease")
+    if not isinstance(at, str) or isinstance(lease, bool) or not isinstance(lease, (int, float)):
+        return "in_doubt"  # a tool_call written by hand: nothing says it is still running
+    try:
+        claimed = parse_iso(at)
+    except ValueError:
+        return "in_doubt"
+    return "in_progress" if now < claimed + lease else "in_doubt"
+
+
+def parse_iso(text: str) -> float:
+    """The store's ISO-8601 UTC text (``iso()``) as a unix time."""
+    from datetime import datetime, timezone
+
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def turn_live(row: Row | None, now: float) -> bool:
+    """Whether a turn (its row: status at 3, lease_until at 9) holds its lease: running or
+    resuming, and not lapsed by the store's clock."""
+    return (row is not None and row[3] in ("running", "resuming")
+            and (row[9] is None or row[9] >= now))
+
+
 # -- who may use a thread's open transaction -----------------------------------------------
 
 def check_owner(txn: contextvars.ContextVar[list[bool] | None], local: Any) -> None:
@@ -173,6 +212,11 @@ class Ops(Protocol):
     def apply_batch(self, ops: list[Batched], call: Callable[..., Any]) -> list[Any]:
         """The writes of a ``batch()``, all or none; each one's result."""
         ...
+    def fenced(self, turn_id: str) -> Ops:
+        """The same operations, every write of which lands only while the turn
+        ``turn_id`` holds its lease (checked in the write's own transaction; else
+        ``LeaseLost`` and nothing written). SPEC §14."""
+        ...
 
     # keys (SPEC §2, §10)
     def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None: ...
@@ -202,6 +246,15 @@ class Ops(Protocol):
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None: ...
     def run_trim(self, run_id: str, before: int) -> int: ...
     def run_prune(self, older_than: float, finished_only: bool) -> list[str]: ...
+    def run_claim(self, run_id: str, call_id: str, call: str | None, lease: float,
+                  retry: bool) -> tuple[str, str]:
+        """(status, the call's newest entry as JSON text) after claiming it if it was not
+        (``claimed``), or as it stands: done, failed, in_progress, in_doubt (SPEC §14)."""
+        ...
+    def run_settle(self, run_id: str, call_id: str, outcome: str) -> str:
+        """Record a claimed call's outcome (``{"status", "result"|"error"}`` as JSON text):
+        the tool_result entry written, as JSON text."""
+        ...
 
     # sessions and turns (SPEC §4), always for a principal (name, admin)
     def session_create(self, owner: str, metadata: str) -> Row: ...
@@ -325,6 +378,13 @@ class RunsRepo(Protocol):
     def prune(self, c: Conn, cutoff: str, finished_only: bool) -> list[str]: ...
     def summaries(self, c: Conn, after: str | None, limit: int | None) -> list[Row]: ...
     def fork(self, c: Conn, run_id: str, new_id: str, upto: int | None) -> None: ...
+    def lock(self, c: Conn, run_id: str) -> Row | None:
+        """``head()``, with the run held until the write commits (the first statement
+        of a write that reads the run before it appends)."""
+        ...
+    def last_call(self, c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
+        """The newest tool_call or tool_result entry of ``call_id``: an index probe."""
+        ...
 
 
 class SessionsRepo(Protocol):
@@ -346,6 +406,10 @@ class SessionsRepo(Protocol):
     def move(self, c: Conn, turn_id: str, from_states: tuple[str, ...], to: str,
              sets: dict[str, Any], lease: float | None, what: str) -> Row: ...
     def active_turn(self, c: Conn, session_id: str) -> Row | None: ...
+    def check_fence(self, c: Conn, turn_id: str, now: float) -> None:
+        """Inside a write: ``LeaseLost`` unless the turn is running or resuming with its
+        lease held; no other turn of its session can start before this write commits."""
+        ...
 
 
 class FeedRepo(Protocol):

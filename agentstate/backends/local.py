@@ -8,8 +8,10 @@ write path); reads that must agree with each other share one snapshot.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
+import json
 import secrets
 import time
 import uuid
@@ -17,8 +19,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
-from ..errors import Forbidden, InvalidTransition, NotFound, UsageError
-from .base import Backend, Row, iso
+from .._encoding import decode
+from ..errors import Forbidden, InvalidTransition, NotFound, RunNotFound, UsageError
+from .base import Backend, Row, call_state, iso, turn_live
 
 T = TypeVar("T")
 
@@ -41,6 +44,7 @@ class LocalOps:
         self.clock: Callable[[], float] = backend.store.clock  # the store's clock, for cutoffs
         self._write = backend.store.call_write
         self._read = backend.store.call_read
+        self._fence: str | None = None  # the turn whose lease fences every write (fenced())
 
     # -- the database ---------------------------------------------------------
 
@@ -80,6 +84,21 @@ class LocalOps:
                     call: Callable[..., Any]) -> list[Any]:
         with self.store.write():
             return [call(*op) for op in ops]
+
+    def fenced(self, turn_id: str) -> LocalOps:
+        """These operations with every write fenced by ``turn_id`` (SPEC §14): the check
+        runs first inside the write's own transaction (a savepoint of a block's)."""
+        ops = copy.copy(self)
+
+        def write(fn: Callable[..., T], *args: Any) -> T:
+            return self.store.call_write(self._fence_then, turn_id, fn, *args)
+
+        ops._write, ops._fence = write, turn_id
+        return ops
+
+    def _fence_then(self, c: Any, turn_id: str, fn: Callable[..., T], *args: Any) -> T:
+        self.sessions.check_fence(c, turn_id, self.clock())
+        return fn(c, *args)
 
     # -- keys -----------------------------------------------------------------
 
@@ -160,6 +179,56 @@ class LocalOps:
 
     def _prune_runs(self, c: Any, older_than: float, finished_only: bool) -> list[str]:
         return self.runs.prune(c, iso(self.clock() - older_than), finished_only)
+
+    def run_claim(self, run_id: str, call_id: str, call: str | None, lease: float,
+                  retry: bool) -> tuple[str, str]:
+        return self._write(self._claim, run_id, call_id, call, lease, retry)
+
+    def _claim(self, c: Any, run_id: str, call_id: str, call: str | None, lease: float,
+               retry: bool) -> tuple[str, str]:
+        """Find the call (one index probe) and claim it if nobody has, or again if it is
+        in doubt and ``retry``: a tool_call entry at the next seq, in this transaction."""
+        head = self.runs.lock(c, run_id)
+        if head is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        now = self.clock()
+        last = self.runs.last_call(c, run_id, call_id)
+        tries = 0
+        if last is not None:
+            entry = decode(last[1])
+            fence = entry.get("fence")
+            live = (turn_live(self.sessions.turn_row(c, fence), now) if isinstance(fence, str)
+                    else None)
+            state = call_state(entry, live, now)
+            if state != "in_doubt" or not retry:
+                return state, last[1]
+            before = entry.get("retry")
+            tries = (before if isinstance(before, int) and not isinstance(before, bool) else 0) + 1
+        seq = head[1]
+        text = (f'{{"seq":{seq},"type":"tool_call","call_id":{json.dumps(call_id)},'
+                f'"at":"{iso(now)}","fence":{json.dumps(self._fence)},"lease":{json.dumps(lease)}'
+                + (f',"retry":{tries}' if tries else "")
+                + ("," + call[1:-1] if call and call != "{}" else "") + "}")
+        self.runs.write(c, run_id, [(seq, text)], None, False)
+        return "claimed", text
+
+    def run_settle(self, run_id: str, call_id: str, outcome: str) -> str:
+        return self._write(self._settle, run_id, call_id, outcome)
+
+    def _settle(self, c: Any, run_id: str, call_id: str, outcome: str) -> str:
+        head = self.runs.lock(c, run_id)
+        if head is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        last = self.runs.last_call(c, run_id, call_id)
+        if last is None or decode(last[1]).get("type") != "tool_call":
+            raise InvalidTransition(
+                f"call {call_id!r} of run {run_id!r} is "
+                f"{'not claimed' if last is None else 'settled already'}: nothing to settle")
+        seq = head[1]
+        text = (f'{{"seq":{seq},"type":"tool_result","call_id":{json.dumps(call_id)},'
+                + outcome[1:])
+        self.runs.write(c, run_id, [(seq, text)], None, False)
+        return text
 
     # -- sessions and turns ---------------------------------------------------
 

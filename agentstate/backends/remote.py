@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -48,7 +49,7 @@ def _error(status: int, body: Any, runs: bool, write: bool = False) -> E.AgentSt
     cls = E.RunNotFound if code == "not_found" and runs else _CLASSES[code]
     err = cls.__new__(cls)
     Exception.__init__(err, str(info.get("message", "")))
-    for name in ("current_version", "turn_id", "size", "limit", "outcome_unknown"):
+    for name in E.FIELDS:
         if name in info:
             setattr(err, name, info[name])
     return err
@@ -93,8 +94,8 @@ class RemoteOps:
         self._timeout = timeout
         self._http = httpx.Client(base_url=self.url, timeout=timeout,
                                   headers={"authorization": f"Bearer {token}"})
-        self._closed = False
         self._turns = _turns.Turns()  # update_turn()
+        self._fence: str | None = None  # sent with every write (fenced())
         self._me: tuple[str, bool] | None = None  # the token's principal (name, admin)
 
     # -- the transport ----------------------------------------------------------------
@@ -111,6 +112,8 @@ class RemoteOps:
             headers["content-type"] = "application/octet-stream" if bytes_body else "application/json"
         if who is not None:
             headers["x-agentstate-principal"] = who
+        if self._fence is not None and method != "GET":
+            headers["x-agentstate-fence"] = self._fence
         if raw:
             headers["accept"] = "application/octet-stream"
         params = {k: v for k, v in (params or {}).items() if v is not None}
@@ -146,16 +149,21 @@ class RemoteOps:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._http.is_closed  # shared with the fenced() copies
 
     def check_open(self) -> None:
-        if self._closed:
+        if self._http.is_closed:
             raise E.Closed(f"the connection to {self.url} is closed")
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._http.close()
+        self._http.close()
+
+    def fenced(self, turn_id: str) -> RemoteOps:
+        """These operations with ``X-Agentstate-Fence: turn_id`` on every write request:
+        the server checks the lease in each write's own transaction (SPEC §14)."""
+        ops = copy.copy(self)
+        ops._fence = turn_id
+        return ops
 
     def transaction(self) -> Any:
         raise E.UsageError("transaction() cannot span HTTP calls: use db.batch(), whose writes "
@@ -321,6 +329,22 @@ class RemoteOps:
     def run_prune(self, older_than: float, finished_only: bool) -> list[str]:
         return self._call("POST", "/v1/runs/prune", body=_dumps(
             {"older_than": older_than, "finished_only": finished_only}))["runs"]
+
+    def run_claim(self, run_id: str, call_id: str, call: str | None, lease: float,
+                  retry: bool) -> tuple[str, str]:
+        body = (("{" if call is None else '{"call":' + call + ",")
+                + f'"lease":{_dumps(lease)},"retry":{"true" if retry else "false"}}}')
+        d = self._call("POST", f"/v1/runs/{_q(run_id)}/calls/{_q(call_id)}/claim", body=body,
+                       runs=True)
+        return d["status"], _dumps(d["entry"])
+
+    def run_settle(self, run_id: str, call_id: str, outcome: str) -> str:
+        # outcome is {"status":"ok","result":...} or {"status":"error","error":...}: the
+        # route takes {"result"} or {"error"}
+        body = "{" + outcome[outcome.index(",") + 1:]
+        d = self._call("POST", f"/v1/runs/{_q(run_id)}/calls/{_q(call_id)}/settle", body=body,
+                       runs=True)
+        return _dumps(d["entry"])
 
     # -- sessions and turns ----------------------------------------------------------------------
 

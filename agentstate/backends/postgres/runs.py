@@ -53,6 +53,14 @@ def head(c: Conn, run_id: str) -> Row | None:
                      "iso_utc(updated_at) FROM run WHERE id = %s", (run_id,)).fetchone()
 
 
+def lock(c: Conn, run_id: str) -> Row | None:
+    """``head()`` in the write's transaction, the run's row locked (FOR UPDATE) until it
+    commits: appends of other writers of this run wait, as they do for run_write()."""
+    c.begin()
+    return c.execute("SELECT snapshot::text, next_seq, format, first_seq, iso_utc(created_at), "
+                     "iso_utc(updated_at) FROM run WHERE id = %s FOR UPDATE", (run_id,)).fetchone()
+
+
 def entries(c: Conn, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
     return c.execute(
         "SELECT seq, entry::text FROM run_entry WHERE run_id = %s AND seq >= %s ORDER BY seq LIMIT %s",
@@ -99,3 +107,13 @@ def summaries(c: Conn, after: str | None, limit: int | None) -> list[Row]:
 
 def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:
     c.execute("SELECT run_fork(%s, %s, %s)", (run_id, new_id, upto))
+
+
+def last_call(c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
+    """The newest tool_call or tool_result entry of ``call_id`` (seq, JSON text), or None:
+    the partial index run_entry_call, one probe whatever the run's length."""
+    return c.execute(
+        """SELECT seq, entry::text FROM run_entry
+           WHERE run_id = %s AND entry ->> 'call_id' = %s
+             AND entry ->> 'type' IN ('tool_call', 'tool_result')
+           ORDER BY seq DESC LIMIT 1""", (run_id, call_id)).fetchone()

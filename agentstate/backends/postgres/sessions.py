@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import NotFound
+from ...errors import LeaseLost, NotFound
+from ..base import effective_status, turn_live
 from .store import Conn
 
 Row = tuple[Any, ...]
@@ -139,3 +140,17 @@ def active_turn(c: Conn, session_id: str) -> Row | None:
     return c.execute(
         f"SELECT {TURN_COLUMNS} FROM turn t WHERE session_id = %s AND status IN ('queued', 'running')",
         (session_id,)).fetchone()
+
+
+def check_fence(c: Conn, turn_id: str, now: float) -> None:
+    """LeaseLost unless the turn runs (or resumes) with its lease held, by the server's
+    clock. The turn's row stays locked (FOR SHARE) until the write commits: starting
+    another turn of the session first expires this one, which waits for that lock."""
+    c.begin()
+    row = c.execute(f"SELECT {TURN_COLUMNS} FROM turn t WHERE id = %s FOR SHARE",
+                    (turn_id,)).fetchone()
+    if not turn_live(row, now):
+        status = "unknown" if row is None else effective_status(row[3], row[9], now)
+        raise LeaseLost(f"turn {turn_id!r} no longer holds its lease ({status}): "
+                        "another worker may have taken its session over; nothing was written",
+                        turn_id)

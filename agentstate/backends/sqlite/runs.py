@@ -92,6 +92,11 @@ def head(c: Conn, run_id: str) -> tuple[Any, ...] | None:
     ).fetchone()
 
 
+def lock(c: Conn, run_id: str) -> tuple[Any, ...] | None:
+    """``head()``: the write transaction holds the file's write lock already."""
+    return head(c, run_id)
+
+
 def entries(c: Conn, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
     return c.execute(
         "SELECT seq, entry FROM run_entry WHERE run_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
@@ -183,3 +188,18 @@ def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:
         (new_id, run_id, end),
     )
     feed.record(c, "run", "fork", None, new_id, None, None, first, end - first)
+
+
+# The tool_call / tool_result entries of one call id, newest first: the partial index
+# run_entry_call (schema.sql), so one probe whatever the run's length. INDEXED BY: with
+# no statistics the planner would scan the run's entries by the primary key instead.
+_LAST_CALL = """
+SELECT seq, entry FROM run_entry INDEXED BY run_entry_call
+WHERE run_id = ?1 AND json_extract(entry, '$.call_id') = ?2
+  AND json_extract(entry, '$.type') IN ('tool_call', 'tool_result')
+ORDER BY seq DESC LIMIT 1"""
+
+
+def last_call(c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
+    """The newest tool_call or tool_result entry of ``call_id`` (seq, JSON text), or None."""
+    return c.execute(_LAST_CALL, (run_id, call_id)).fetchone()

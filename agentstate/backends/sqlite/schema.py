@@ -119,4 +119,10 @@ def _v2_to_v3(c: apsw.Connection, schema: str) -> None:
         c.execute(schema_object(schema, name))
 
 
-MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(c: apsw.Connection, schema: str) -> None:
+    """The index of a run's tool calls by call id (SPEC §14, issue 29)."""
+    c.execute(schema_object(schema, "run_entry_call"))
+
+
+MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}

@@ -12,8 +12,8 @@ from typing import Any
 
 import apsw
 
-from ...errors import InvalidTransition, NotFound, SessionBusy
-from ..base import Conn, LEASED, effective_status, now_iso
+from ...errors import InvalidTransition, LeaseLost, NotFound, SessionBusy
+from ..base import LEASED, Conn, effective_status, now_iso, turn_live
 from . import feed, kv
 
 OPEN = ('queued', 'running', 'held', 'decided', 'resuming', 'expired')  # what turn_by_status indexes
@@ -211,3 +211,14 @@ def active_turn(c: Conn, session_id: str) -> tuple[Any, ...] | None:
         f"SELECT {TURN_COLUMNS} FROM turn WHERE session_id = ? AND status IN ('queued', 'running')",
         (session_id,),
     ).fetchone()
+
+
+def check_fence(c: Conn, turn_id: str, now: float) -> None:
+    """LeaseLost unless the turn runs (or resumes) with its lease held. Inside a write
+    transaction, which holds the file's write lock: no turn can start before its COMMIT."""
+    row = turn_row(c, turn_id)
+    if not turn_live(row, now):
+        status = "unknown" if row is None else effective_status(row[3], row[9], now)
+        raise LeaseLost(f"turn {turn_id!r} no longer holds its lease ({status}): "
+                        "another worker may have taken its session over; nothing was written",
+                        turn_id)
