@@ -131,3 +131,62 @@ export async function serve(): Promise<Served> {
   }
   return s;
 }
+
+const WORKER = `
+import sys, json, base64, traceback, agentstate
+db = agentstate.open(sys.argv[1])
+for line in sys.stdin:
+    req = json.loads(line)
+    ns = {"db": db, "inp": req["input"], "json": json, "base64": base64, "agentstate": agentstate}
+    try:
+        exec(req["code"], ns)
+        print(json.dumps({"out": ns.get("out")}), flush=True)
+    except Exception:
+        print(json.dumps({"error": traceback.format_exc()}), flush=True)
+`;
+
+/**
+ * One Python process with the store's file open (not through the server), running snippets:
+ * `db` and `inp` are given, `out` is answered (as JSON). One start instead of one per snippet.
+ */
+export class PyWorker {
+  private readonly proc: ChildProcess;
+  private buf = "";
+  private readonly waiting: { resolve: (v: unknown) => void; reject: (e: Error) => void }[] = [];
+
+  constructor(dbPath: string, private readonly parse: (text: string) => unknown = JSON.parse) {
+    this.proc = pythonProcess(WORKER, [dbPath]);
+    let err = "";
+    this.proc.stderr!.on("data", (b: Buffer) => { err += b.toString(); });
+    this.proc.stdout!.on("data", (b: Buffer) => {
+      this.buf += b.toString();
+      let i: number;
+      while ((i = this.buf.indexOf("\n")) >= 0) {
+        const line = this.buf.slice(0, i);
+        this.buf = this.buf.slice(i + 1);
+        const d = this.parse(line) as { out?: unknown; error?: string };
+        const w = this.waiting.shift();
+        if (d.error !== undefined) w?.reject(new Error(`python: ${d.error}`));
+        else w?.resolve(d.out ?? null);
+      }
+    });
+    this.proc.on("close", (code) => {
+      for (const w of this.waiting.splice(0)) w.reject(new Error(`the Python worker exited ${code}: ${err}`));
+    });
+  }
+
+  run(code: string, input: unknown = null): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ resolve, reject });
+      this.proc.stdin!.write(JSON.stringify({ code, input }) + "\n");
+    });
+  }
+
+  close(): Promise<void> {
+    return new Promise((resolve) => {
+      if (this.proc.exitCode !== null) return resolve();
+      this.proc.once("close", () => resolve());
+      this.proc.stdin!.end();
+    });
+  }
+}
