@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
 import {
-  AgentStateError, Forbidden, HistoryGap, InvalidKey, InvalidTransition, InvalidValue, NotAList, NotFound,
+  AgentStateError, CursorExpired, Forbidden, HistoryGap, InvalidKey, InvalidTransition, InvalidValue, NotAList, NotFound,
   RunExists, RunNotFound, SessionBusy, TooLarge, Turn, Unauthorized, VersionConflict, connect,
   type Change, type Database,
 } from "agentstate";
@@ -507,6 +507,24 @@ describe("the types against the server's /openapi.json", () => {
     function d(x: Doc) {
       return x.paths["/v1/changes"]!.get!.responses["200"]!.content!["application/json"]!.schema.properties!.changes!
         .items!.properties!;
+    }
+  });
+});
+
+describe("a cursor the feed no longer keeps", () => {
+  it("changes, watch and subscribe throw CursorExpired", async () => {
+    const retention = (value: number) => fetch(`${srv.url}/v1/settings/feed_retention`, {
+      method: "PUT", body: JSON.stringify({ value }),
+      headers: { authorization: `Bearer ${srv.token}`, "content-type": "application/json" } }).then((r) => r.json());
+    await db.scope("app", fresh()).put("k", 1); // the feed is not empty
+    assert.deepEqual(await retention(0), { feed_retention: 0 }); // the feed off: only the head is a cursor
+    try {
+      await assert.rejects(db.changes({ since: 0 }), CursorExpired);
+      await assert.rejects(db.watch(0, { timeout: 5 }), CursorExpired);
+      await assert.rejects(async () => { for await (const _ of db.subscribe(0)) { /* none */ } }, CursorExpired);
+      assert.deepEqual(await db.changes({ since: await db.lastChange() }), []);
+    } finally {
+      await retention(604800);
     }
   });
 });
