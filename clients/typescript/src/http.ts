@@ -5,7 +5,7 @@
  * the client runs in Node 18+, Deno, Bun, browsers and edge workers.
  */
 
-import { AgentStateError, StorageError, fromBody } from "./errors.js";
+import { AgentStateError, StorageError, UsageError, fromBody } from "./errors.js";
 import { parseAnswer } from "./json.js";
 import type { Route } from "./wire.js";
 
@@ -44,15 +44,16 @@ export function fill(path: string, params: Record<string, string>): string {
 
 export class Http {
   readonly base: string;
-  private readonly headers: Record<string, string>;
+  // A private field: printing a client (console.log, util.inspect) never shows the token.
+  readonly #headers: Record<string, string>;
   private readonly fetch: Fetch;
 
   constructor(url: string, token: string, principal: string | undefined, fetchImpl: Fetch | undefined) {
     this.base = url.replace(/\/+$/, "");
-    this.headers = { authorization: `Bearer ${token}` };
-    if (principal !== undefined) this.headers["x-agentstate-principal"] = principal;
+    this.#headers = { authorization: `Bearer ${token}` };
+    if (principal !== undefined) this.#headers["x-agentstate-principal"] = principal;
     const f = fetchImpl ?? (globalThis.fetch as Fetch | undefined);
-    if (typeof f !== "function") throw new StorageError("no fetch: pass connect(url, { fetch })");
+    if (typeof f !== "function") throw new UsageError("this platform has no fetch: pass connect(url, { fetch })");
     // Called unbound: a platform fetch taken off globalThis may refuse another `this`.
     this.fetch = fetchImpl ?? ((input, init) => globalThis.fetch(input, init));
   }
@@ -71,7 +72,7 @@ export class Http {
 
   /** Send the request; the answer, or the server's error. */
   async send(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<Response> {
-    const headers: Record<string, string> = { ...this.headers };
+    const headers: Record<string, string> = { ...this.#headers };
     let body: string | Uint8Array | undefined;
     if (o.json !== undefined) {
       headers["content-type"] = "application/json";

@@ -6,6 +6,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { inspect } from "node:util";
 
 import * as agentstate from "agentstate";
 import {
@@ -107,6 +108,16 @@ describe("errors", () => {
     assert.throws(() => connect("http://h", { token: "" }), agentstate.Unauthorized);
     assert.throws(() => connect("ftp://h", { token: "t" }), InvalidValue);
     assert.throws(() => connect("http://h", { token: "t", principal: "a b" }), InvalidKey);
+  });
+
+  it("printing a client, a scope or a turn never shows the token", async () => {
+    const turn = { id: "t", session_id: "s", n: 1, status: "running", input: null, request: null, decision: null,
+      result: null, error: null, lease: 60, lease_until: 1, created_at: "2026-01-01T00:00:00.000000Z",
+      updated_at: "2026-01-01T00:00:00.000000Z" };
+    const db = connect("http://x.invalid", { token: "s3cret-t0ken", fetch: fakeFetch(201, turn) });
+    const t = await db.sessions.startTurn("s");
+    const shown = [db, db.scope("app", "x"), db.state({ app: "x" }), db.batch(), t].map((o) => inspect(o, { depth: 20 }));
+    assert.ok(shown.every((text) => !text.includes("s3cret-t0ken")), shown.join("\n"));
   });
 
   it("NOT_RUN is exported, one symbol", () => {
