@@ -354,7 +354,8 @@ describe("sessions and turns", () => {
     assert.ok((await db.sessions.turnsByStatus()).some((x) => x.id === next.id));
 
     const bob = connect(srv.url, { token: srv.userToken });
-    await assert.rejects(bob.sessions.release(s.id), (e) => e instanceof Forbidden || e instanceof NotFound);
+    await assert.rejects(bob.sessions.release(s.id), NotFound, "another's session does not exist");
+    await assert.rejects(bob.sessions.release((await bob.sessions.create()).id), Forbidden, "admins only");
     const released = await db.sessions.release(s.id);
     assert.deepEqual([released.id, released.status], [next.id, "failed"]);
     await assert.rejects(next.fail("late"), InvalidTransition);
