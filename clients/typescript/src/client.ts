@@ -1,0 +1,96 @@
+/**
+ * `connect(url, { token })`: the State API of an `agentstate serve`, with
+ * the objects of the Python client (SPEC §13).
+ */
+
+import { InvalidValue, Unauthorized } from "./errors.js";
+import { Feed, type FeedFilter } from "./feed.js";
+import { Http, type Fetch } from "./http.js";
+import { checkKey, type ScopeKind } from "./json.js";
+import { Runs } from "./runs.js";
+import { Batch, Scope, State, UpdateTurns } from "./scope.js";
+import { Sessions } from "./sessions.js";
+import type { Change } from "./types.js";
+
+export interface ConnectOptions {
+  /** A bearer token (`agentstate tokens create NAME`). */
+  token: string;
+  /** An admin's token acting for this principal (the X-Agentstate-Principal header). */
+  principal?: string;
+  /** A fetch to use instead of the platform's (a proxy, a test double, an older runtime). */
+  fetch?: Fetch;
+}
+
+/** The ids of `db.state(...)`: one per scope kind used. */
+export type StateIds = Partial<Record<ScopeKind, string>>;
+
+export class Database {
+  /** Runs: histories and snapshots (SPEC §3). */
+  readonly runs: Runs;
+  /** Sessions and their turns (SPEC §4). */
+  readonly sessions: Sessions;
+  /** The server's address. */
+  readonly url: string;
+  private readonly http: Http;
+  private readonly turns = new UpdateTurns();
+  private readonly feed: Feed;
+
+  /** @internal */
+  constructor(http: Http) {
+    this.http = http;
+    this.url = http.base;
+    this.runs = new Runs(http);
+    this.sessions = new Sessions(http, this.turns);
+    this.feed = new Feed(http);
+  }
+
+  /** The keys of one scope: kind `thread`, `session`, `agent`, `user` or `app`. :throws InvalidKey */
+  scope(kind: ScopeKind, id: string): Scope {
+    return new Scope(this.http, this.turns, kind, id);
+  }
+
+  /** Several scopes of one invocation; reading a member whose id was not given throws. */
+  state(ids: StateIds): State {
+    return new State((kind, id) => this.scope(kind, id), ids);
+  }
+
+  /** Writes collected and applied all or none, in one request, by `commit()`. */
+  batch(): Batch {
+    return new Batch(this.http);
+  }
+
+  /** The newest change's seq (0 on a new store). */
+  lastChange(): Promise<number> {
+    return this.feed.lastChange();
+  }
+
+  /** Changes after `since` (default 0), ascending, filtered. :throws CursorExpired */
+  changes(opts: { since?: number } & FeedFilter = {}): Promise<Change[]> {
+    return this.feed.changes(opts);
+  }
+
+  /** A long poll: the changes after `since`, waiting up to `timeout` seconds for one. */
+  watch(since: number, opts: { timeout?: number; signal?: AbortSignal } & FeedFilter = {}): Promise<Change[]> {
+    return this.feed.watch(since, opts);
+  }
+
+  /** Every change after `since` as it comes, reconnecting by itself; ends when `signal` aborts. */
+  subscribe(since?: number, opts: { signal?: AbortSignal } & FeedFilter = {}): AsyncGenerator<Change, void, undefined> {
+    return this.feed.subscribe(since, opts);
+  }
+}
+
+/**
+ * A client of the agentstate server at `url` (`http://host:8765`).
+ * :throws Unauthorized (no token), InvalidValue (not an http(s) URL), InvalidKey (principal)
+ */
+export function connect(url: string, opts: ConnectOptions): Database {
+  if (typeof url !== "string" || !/^https?:\/\//i.test(url)) {
+    throw new InvalidValue(`connect() takes an http:// or https:// URL, got ${typeof url === "string" ? JSON.stringify(url) : typeof url}`);
+  }
+  if (!opts || typeof opts.token !== "string" || opts.token.trim() === "") {
+    throw new Unauthorized("connect() needs a token: agentstate tokens create NAME");
+  }
+  const principal = opts.principal === undefined ? undefined : checkKey(opts.principal, "principal");
+  return new Database(new Http(url, opts.token.trim(), principal, opts.fetch));
+}

@@ -1,0 +1,136 @@
+/**
+ * The transport: one `fetch` per call, built from the route table, with the
+ * token, the acting principal, and the server's errors turned into classes.
+ * Only the platform's `fetch` is used (or the one given to `connect`), so
+ * the client runs in Node 18+, Deno, Bun, browsers and edge workers.
+ */
+
+import { AgentStateError, StorageError, UsageError, fromBody } from "./errors.js";
+import { parseAnswer } from "./json.js";
+import type { Route } from "./wire.js";
+
+export type Fetch = (input: string, init?: RequestInit) => Promise<Response>;
+export type Query = Record<string, string | number | boolean | null | undefined>;
+
+export interface CallOptions {
+  query?: Query;
+  /** A JSON body, already encoded. */
+  json?: string;
+  /** A bytes body (application/octet-stream). */
+  bytes?: Uint8Array;
+  /** Ask for the raw bytes of the answer. */
+  raw?: boolean;
+  signal?: AbortSignal;
+}
+
+/**
+ * One path segment. Ids and keys are only `A-Z a-z 0-9 . _ : -`, so nothing
+ * needs escaping but `:` and the segments "." and "..", which every URL
+ * parser (fetch's included, even written `%2E`) removes as dot segments.
+ * Those are sent as `~.` and `~..`: `~` is never part of a key, so the
+ * escape cannot be taken for another key (SPEC §13; see README, "Keys").
+ */
+export function segment(p: string): string {
+  return p === "." || p === ".." ? "~" + p : encodeURIComponent(p);
+}
+
+export function fill(path: string, params: Record<string, string>): string {
+  return path.replace(/\{(\w+)\}/g, (_, name: string) => {
+    const v = params[name];
+    if (v === undefined) throw new Error(`no value for {${name}} in ${path}`);
+    return segment(v);
+  });
+}
+
+export class Http {
+  readonly base: string;
+  // A private field: printing a client (console.log, util.inspect) never shows the token.
+  readonly #headers: Record<string, string>;
+  private readonly fetch: Fetch;
+
+  constructor(url: string, token: string, principal: string | undefined, fetchImpl: Fetch | undefined) {
+    this.base = url.replace(/\/+$/, "");
+    this.#headers = { authorization: `Bearer ${token}` };
+    if (principal !== undefined) this.#headers["x-agentstate-principal"] = principal;
+    const f = fetchImpl ?? (globalThis.fetch as Fetch | undefined);
+    if (typeof f !== "function") throw new UsageError("this platform has no fetch: pass connect(url, { fetch })");
+    // Called unbound: a platform fetch taken off globalThis may refuse another `this`.
+    this.fetch = fetchImpl ?? ((input, init) => globalThis.fetch(input, init));
+  }
+
+  url(route: Route, params: Record<string, string>, query?: Query): string {
+    let u = this.base + fill(route.path, params);
+    if (query) {
+      const parts: string[] = [];
+      for (const [k, v] of Object.entries(query)) {
+        if (v !== undefined && v !== null) parts.push(`${k}=${encodeURIComponent(String(v))}`);
+      }
+      if (parts.length) u += "?" + parts.join("&");
+    }
+    return u;
+  }
+
+  /** Send the request; the answer, or the server's error. */
+  async send(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<Response> {
+    const headers: Record<string, string> = { ...this.#headers };
+    let body: string | Uint8Array | undefined;
+    if (o.json !== undefined) {
+      headers["content-type"] = "application/json";
+      body = o.json;
+    } else if (o.bytes !== undefined) {
+      headers["content-type"] = "application/octet-stream";
+      body = o.bytes;
+    }
+    if (o.raw) headers.accept = "application/octet-stream";
+    const write = route.method !== "GET";
+    const url = this.url(route, params, o.query);
+    let res: Response;
+    try {
+      res = await this.fetch(url, { method: route.method, headers, body: body as BodyInit | undefined, signal: o.signal });
+    } catch (e) {
+      if (o.signal?.aborted) throw o.signal.reason;
+      // The request may have reached the server and been done: a write's outcome is unknown.
+      const why = e instanceof Error ? `${e.name}: ${e.message}${causeOf(e)}` : String(e);
+      throw new StorageError(`${route.method} ${this.base}${route.path}: ${why}`, write);
+    }
+    if (res.status >= 400) {
+      let data: unknown = null;
+      try {
+        data = parseAnswer(await res.text(), false);
+      } catch {
+        data = null;
+      }
+      throw fromBody(res.status, data, route.run === true, write);
+    }
+    return res;
+  }
+
+  /** Call a route and parse its JSON answer. */
+  async call<T>(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<T> {
+    const res = await this.send(route, params, o);
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (e) {
+      if (o.signal?.aborted) throw o.signal.reason;
+      throw new StorageError(`${route.method} ${route.path}: the answer was cut (${String(e)})`,
+        route.method !== "GET");
+    }
+    return parseAnswer(text, route.method !== "GET") as T;
+  }
+
+  /** Call a route; null when it answers 404 (an absent key or run). */
+  async maybe<T>(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<T | null> {
+    try {
+      return await this.call<T>(route, params, o);
+    } catch (e) {
+      if (e instanceof AgentStateError && e.status === 404) return null;
+      throw e;
+    }
+  }
+}
+
+function causeOf(e: Error): string {
+  const c = (e as { cause?: unknown }).cause;
+  return c instanceof Error ? ` (${c.message})` : "";
+}

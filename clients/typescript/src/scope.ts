@@ -1,0 +1,323 @@
+/**
+ * Scoped key-value state (SPEC §2 and §13): `db.scope(kind, id)`,
+ * `db.state({...})` and `db.batch()`.
+ */
+
+import { AgentStateError, InvalidValue, VersionConflict } from "./errors.js";
+import type { Http } from "./http.js";
+import { checkInt, checkKey, checkKind, checkSeconds, encode, type JsonValue, type ScopeKind } from "./json.js";
+import { toDate } from "./types.js";
+import {
+  ROUTES, type KeyRoutes, type WireAppended, type WireBatchResults, type WireDeleted, type WireExpiresAt,
+  type WireItems, type WireKeys, type WireLength, type WireTouched, type WireVersion, type WireVersioned,
+} from "./wire.js";
+
+/** A value with its version; an absent key is `{ value: undefined, version: 0 }`. */
+export interface Versioned<T = JsonValue> {
+  value: T | undefined;
+  version: number;
+}
+
+/** What an append left: the list's length and the key's new version. */
+export interface Appended {
+  length: number;
+  version: number;
+}
+
+export interface PutOptions {
+  /** Write only if the key is at this version (0: only if absent); else VersionConflict. */
+  ifVersion?: number;
+  /** Seconds until the key expires; `"keep"`: the expiry it had. Default: it does not expire. */
+  ttl?: number | "keep";
+}
+
+/** One `update()` of a key at a time among this client's callers (see Scope.update). */
+export class UpdateTurns {
+  private readonly tails = new Map<string, Promise<void>>();
+
+  async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const before = this.tails.get(key);
+    let done!: () => void;
+    const mine = new Promise<void>((resolve) => { done = resolve; });
+    const tail = before ? before.then(() => mine) : mine;
+    this.tails.set(key, tail);
+    if (before) await waitAtMost(before, 1000);
+    try {
+      return await fn();
+    } finally {
+      done();
+      if (this.tails.get(key) === tail) this.tails.delete(key);
+    }
+  }
+}
+
+/** Wait for `p`, or `ms` at most (a caller kept waiting goes ahead: the compare-and-set decides). */
+async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    await Promise.race([p, new Promise<void>((resolve) => { timer = setTimeout(resolve, ms); })]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function ttlOf(ttl: unknown): number | undefined {
+  return ttl === undefined || ttl === null ? undefined : checkSeconds("ttl", ttl);
+}
+
+function versionOf(v: unknown): number | undefined {
+  return v === undefined || v === null ? undefined : checkInt("ifVersion", v);
+}
+
+function itemsOf(items: unknown): string {
+  if (!Array.isArray(items)) throw new InvalidValue("items must be an array");
+  return encode(items);
+}
+
+/** The keys of one scope, e.g. `db.scope("session", "s-42")`. Every method returns a Promise. */
+export class Scope {
+  readonly kind: ScopeKind;
+  readonly id: string;
+  private readonly routes: KeyRoutes;
+  private readonly params: Record<string, string>;
+
+  /** @internal */
+  constructor(private readonly http: Http, private readonly turns: UpdateTurns, kind: string, id: string,
+    sessionState = false) {
+    this.kind = checkKind(kind);
+    this.id = checkKey(id, "scope id");
+    this.routes = sessionState ? ROUTES.sessionState : ROUTES.scope;
+    this.params = sessionState ? { session_id: this.id } : { kind: this.kind, id: this.id };
+  }
+
+  private at(key: string): Record<string, string> {
+    return { ...this.params, key: checkKey(key) };
+  }
+
+  /** The value of `key`, or `dflt` when absent. */
+  get<T = JsonValue>(key: string): Promise<T | undefined>;
+  get<T = JsonValue>(key: string, dflt: T): Promise<T>;
+  async get<T = JsonValue>(key: string, dflt?: T): Promise<T | undefined> {
+    const d = await this.http.maybe<WireVersioned>(this.routes.get, this.at(key));
+    return d === null ? dflt : (d.value as T);
+  }
+
+  /** `{ value, version }`; `{ value: undefined, version: 0 }` when absent. */
+  async getVersioned<T = JsonValue>(key: string): Promise<Versioned<T>> {
+    const d = await this.http.maybe<WireVersioned>(this.routes.get, this.at(key));
+    return d === null ? { value: undefined, version: 0 } : { value: d.value as T, version: d.version };
+  }
+
+  /** Write `value`; the new version. :throws VersionConflict (ifVersion), InvalidValue, TooLarge */
+  async put(key: string, value: unknown, opts: PutOptions = {}): Promise<number> {
+    const params = this.at(key);
+    const body = putBody(encode(value), versionOf(opts.ifVersion), opts.ttl);
+    return (await this.http.call<WireVersion>(this.routes.put, params, { json: body })).version;
+  }
+
+  /** Remove `key`; true if it existed (same `ifVersion` rule as put). */
+  async delete(key: string, opts: { ifVersion?: number } = {}): Promise<boolean> {
+    const params = this.at(key);
+    const q = { if_version: versionOf(opts.ifVersion) };
+    return (await this.http.call<WireDeleted>(this.routes.delete, params, { query: q })).deleted;
+  }
+
+  /**
+   * Replace the value by `fn(value)` and return the new value: a compare-and-set
+   * loop that never loses a concurrent update from any client. `fn` (sync or
+   * async) gets `default` only when the key is absent, may run more than once,
+   * and must have no side effects; if it throws, nothing is written. The key's
+   * expiry is kept. This client's own updates of one key take turns, so they do
+   * not make each other run `fn` again.
+   */
+  async update<T = JsonValue>(key: string, fn: (value: T) => T | Promise<T>,
+    opts: { default?: T } = {}): Promise<T> {
+    const params = this.at(key);
+    return this.turns.run(`${this.routes.get.path}\n${JSON.stringify(params)}`, async () => {
+      for (;;) {
+        const d = await this.http.maybe<WireVersioned>(this.routes.get, params);
+        const next = await fn(d === null ? (opts.default as T) : (d.value as T));
+        const body = putBody(encode(next), d === null ? 0 : d.version, "keep");
+        try {
+          await this.http.call<WireVersion>(this.routes.put, params, { json: body });
+          return next;
+        } catch (e) {
+          if (!(e instanceof VersionConflict)) throw e;
+        }
+      }
+    });
+  }
+
+  /** Add `items` at the end of the list (created if absent), atomically. */
+  async append(key: string, items: unknown[], opts: { ttl?: number } = {}): Promise<Appended> {
+    const params = this.at(key);
+    const ttl = ttlOf(opts.ttl);
+    const body = `{"items":${itemsOf(items)}${ttl === undefined ? "" : `,"ttl":${ttl}`}}`;
+    const d = await this.http.call<WireAppended>(this.routes.append, params, { json: body });
+    return { length: d.length, version: d.version };
+  }
+
+  /** Items of a list with Python's slice rules (negatives too); [] when absent. :throws NotAList */
+  async slice<T = JsonValue>(key: string, start = 0, stop?: number): Promise<T[]> {
+    const params = this.at(key);
+    const q = { start: checkInt("start", start, Number.MIN_SAFE_INTEGER),
+      stop: stop === undefined || stop === null ? undefined : checkInt("stop", stop, Number.MIN_SAFE_INTEGER) };
+    return (await this.http.call<WireItems>(this.routes.slice, params, { query: q })).items as T[];
+  }
+
+  /** Items in a list; 0 when absent. :throws NotAList */
+  async length(key: string): Promise<number> {
+    return (await this.http.call<WireLength>(this.routes.length, this.at(key))).length;
+  }
+
+  /** Remove the last `n` items and return them in list order; [] when absent. :throws NotAList */
+  async pop<T = JsonValue>(key: string, n = 1): Promise<T[]> {
+    const params = this.at(key);
+    const body = `{"n":${checkInt("n", n)}}`;
+    return (await this.http.call<WireItems>(this.routes.pop, params, { json: body })).items as T[];
+  }
+
+  /** Keys of this scope, ascending; `prefix` is literal, `after` pages, `limit` caps. */
+  async keys(opts: { prefix?: string; after?: string; limit?: number } = {}): Promise<string[]> {
+    const q = {
+      prefix: opts.prefix || undefined,
+      after: opts.after ? checkKey(opts.after, "after") : undefined,
+      limit: opts.limit === undefined ? undefined : checkInt("limit", opts.limit),
+    };
+    if (q.limit === 0) return [];
+    return (await this.http.call<WireKeys>(this.routes.keys, this.params, { query: q })).keys;
+  }
+
+  /** Set a new expiry `ttl` seconds from now (null: never), value and version unchanged; false if absent. */
+  async touch(key: string, ttl: number | null): Promise<boolean> {
+    const params = this.at(key);
+    const body = `{"ttl":${ttlOf(ttl) ?? "null"}}`;
+    return (await this.http.call<WireTouched>(this.routes.touch, params, { json: body })).touched;
+  }
+
+  /** When the key expires; null if it does not, or is absent. */
+  async expiresAt(key: string): Promise<Date | null> {
+    const d = await this.http.call<WireExpiresAt>(this.routes.expiresAt, this.at(key));
+    return d.expires_at === null ? null : toDate(d.expires_at);
+  }
+
+  /** Store raw bytes under `key` (the same key space); the new version. */
+  async putBytes(key: string, data: Uint8Array, opts: { ifVersion?: number; ttl?: number } = {}): Promise<number> {
+    const params = this.at(key);
+    if (!(data instanceof Uint8Array)) throw new InvalidValue("putBytes takes a Uint8Array");
+    const q = { if_version: versionOf(opts.ifVersion), ttl: ttlOf(opts.ttl) };
+    return (await this.http.call<WireVersion>(this.routes.put, params, { bytes: data, query: q })).version;
+  }
+
+  /** The raw bytes of `key` (a JSON value: its UTF-8 JSON text); null when absent. */
+  async getBytes(key: string): Promise<Uint8Array | null> {
+    const params = this.at(key);
+    try {
+      const res = await this.http.send(this.routes.get, params, { raw: true });
+      return new Uint8Array(await res.arrayBuffer());
+    } catch (e) {
+      if (e instanceof AgentStateError && e.status === 404) return null;
+      throw e;
+    }
+  }
+}
+
+function putBody(text: string, ifVersion: number | undefined, ttl: unknown): string {
+  let body = `{"value":${text}`;
+  if (ifVersion !== undefined) body += `,"if_version":${ifVersion}`;
+  if (ttl === "keep") body += `,"keep_ttl":true`;
+  else if (ttl !== undefined && ttl !== null) body += `,"ttl":${checkSeconds("ttl", ttl)}`;
+  return body + "}";
+}
+
+/** `db.state({ session, agent, ... })`: the scopes of one invocation; reading a member not given throws. */
+export class State {
+  private readonly ids: Partial<Record<ScopeKind, string>>;
+
+  /** @internal */
+  constructor(private readonly make: (kind: ScopeKind, id: string) => Scope,
+    ids: Partial<Record<ScopeKind, string>>) {
+    this.ids = {};
+    for (const [kind, id] of Object.entries(ids)) {
+      if (id === undefined || id === null) continue;
+      checkKey(id, `${checkKind(kind)} id`);
+      this.ids[kind as ScopeKind] = id;
+    }
+  }
+
+  private get_(kind: ScopeKind): Scope {
+    const id = this.ids[kind];
+    if (id === undefined) throw new TypeError(`no ${kind} id was given to db.state()`);
+    return this.make(kind, id);
+  }
+
+  get thread(): Scope { return this.get_("thread"); }
+  get session(): Scope { return this.get_("session"); }
+  get agent(): Scope { return this.get_("agent"); }
+  get user(): Scope { return this.get_("user"); }
+  get app(): Scope { return this.get_("app"); }
+}
+
+/** One result of a batch: put → version, delete → existed, append → `{length, version}`. */
+export type BatchResult = number | boolean | Appended;
+
+/** `db.batch()`: writes collected here, applied all or none by `commit()` in one request. */
+export class Batch {
+  private readonly ops: string[] = [];
+  private committed = false;
+
+  /** @internal */
+  constructor(private readonly http: Http) {}
+
+  /** The writes of one scope; each is checked now (and throws now), sent at commit. */
+  scope(kind: string, id: string): BatchScope {
+    return new BatchScope(this, checkKind(kind), checkKey(id, "scope id"));
+  }
+
+  /** @internal */
+  add(op: string): void {
+    if (this.committed) throw new InvalidValue("this batch was committed already: make a new one");
+    this.ops.push(op);
+  }
+
+  /** Apply every write, all or none; the results in order. :throws the first failing op's error */
+  async commit(): Promise<BatchResult[]> {
+    if (this.committed) throw new InvalidValue("this batch was committed already");
+    this.committed = true;
+    if (this.ops.length === 0) return [];
+    const d = await this.http.call<WireBatchResults>(ROUTES.batch, {}, { json: `{"ops":[${this.ops.join(",")}]}` });
+    return d.results.map((r) => (typeof r.length === "number" ? { length: r.length, version: r.version as number }
+      : typeof r.deleted === "boolean" ? r.deleted : (r.version as number)));
+  }
+}
+
+export class BatchScope {
+  private readonly head: string;
+
+  /** @internal */
+  constructor(private readonly batch: Batch, kind: ScopeKind, id: string) {
+    this.head = `"scope":${JSON.stringify(`${kind}:${id}`)}`;
+  }
+
+  private op(op: string, key: string, rest: string): this {
+    this.batch.add(`{"op":"${op}",${this.head},"key":${JSON.stringify(checkKey(key))}${rest}}`);
+    return this;
+  }
+
+  put(key: string, value: unknown, opts: { ifVersion?: number; ttl?: number } = {}): this {
+    const v = versionOf(opts.ifVersion);
+    const ttl = ttlOf(opts.ttl);
+    return this.op("put", key, `,"value":${encode(value)}${v === undefined ? "" : `,"if_version":${v}`}` +
+      `${ttl === undefined ? "" : `,"ttl":${ttl}`}`);
+  }
+
+  delete(key: string, opts: { ifVersion?: number } = {}): this {
+    const v = versionOf(opts.ifVersion);
+    return this.op("delete", key, v === undefined ? "" : `,"if_version":${v}`);
+  }
+
+  append(key: string, items: unknown[], opts: { ttl?: number } = {}): this {
+    const ttl = ttlOf(opts.ttl);
+    return this.op("append", key, `,"items":${itemsOf(items)}${ttl === undefined ? "" : `,"ttl":${ttl}`}`);
+  }
+}

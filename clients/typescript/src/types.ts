@@ -1,0 +1,102 @@
+/**
+ * The objects the client returns: the server's answers with camelCase
+ * fields and `Date`s for times (SPEC §13), and their converters.
+ */
+
+import type { JsonObject, JsonValue } from "./json.js";
+import type { WireChange, WireRun, WireRunHead, WireSession, WireSummary } from "./wire.js";
+
+/** A time the server sent as ISO-8601 UTC with microseconds: a Date (to the millisecond). */
+export function toDate(iso: string): Date {
+  // Date.parse takes exactly three fraction digits everywhere; the server sends six.
+  return new Date(iso.replace(/(\.\d{3})\d*/, "$1"));
+}
+
+/** One committed write in the feed (SPEC §9). */
+export interface Change {
+  seq: number;
+  at: Date;
+  topic: "kv" | "run" | "session";
+  op: string;
+  kind: string | null;
+  scopeId: string | null;
+  key: string | null;
+  version: number | null;
+  start: number | null;
+  count: number | null;
+}
+
+export function toChange(c: WireChange): Change {
+  return {
+    seq: c.seq, at: toDate(c.at), topic: c.topic as Change["topic"], op: c.op, kind: c.kind,
+    scopeId: c.scope_id, key: c.key, version: c.version, start: c.start, count: c.count,
+  };
+}
+
+/** A run's history and snapshot: `entries` in seq order, from the first one kept. */
+export interface RunRecord {
+  entries: JsonObject[];
+  snapshot: JsonObject | null;
+}
+
+/** `runs.read()`: the record, with the run's id and the bounds of its history. */
+export interface Run extends RunRecord {
+  id: string;
+  firstSeq: number;
+  nextSeq: number;
+  format: number;
+}
+
+export function toRun(d: WireRun): Run {
+  return { id: d.id, entries: d.entries as JsonObject[], snapshot: d.snapshot, firstSeq: d.first_seq,
+    nextSeq: d.next_seq, format: d.format };
+}
+
+/** `runs.head()`: a run's snapshot and bounds, without its history. */
+export interface RunHead {
+  id: string;
+  snapshot: JsonObject | null;
+  firstSeq: number;
+  nextSeq: number;
+  format: number;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export function toRunHead(d: WireRunHead): RunHead {
+  return { id: d.id, snapshot: d.snapshot, firstSeq: d.first_seq, nextSeq: d.next_seq, format: d.format,
+    createdAt: toDate(d.created_at), updatedAt: toDate(d.updated_at) };
+}
+
+/** `runs.list()`: one run, from its snapshot's `task`, `turn`, `stopped_by`, `finished`. */
+export interface SavedState {
+  id: string;
+  task: string;
+  createdAt: Date;
+  updatedAt: Date;
+  turn: number;
+  stoppedBy: string | null;
+  finished: boolean;
+}
+
+export function toSavedState(d: WireSummary): SavedState {
+  return { id: d.id, task: d.task, createdAt: toDate(d.created_at), updatedAt: toDate(d.updated_at),
+    turn: d.turn, stoppedBy: d.stopped_by, finished: d.finished };
+}
+
+/** A session: `owner` is the name of the principal that created it. */
+export interface SessionInfo {
+  id: string;
+  owner: string;
+  createdAt: Date;
+  metadata: JsonObject;
+}
+
+export function toSession(d: WireSession): SessionInfo {
+  return { id: d.id, owner: d.owner, createdAt: toDate(d.created_at), metadata: d.metadata };
+}
+
+/** A turn's states (SPEC §4); `expired`: a lapsed lease. */
+export type TurnStatus = "queued" | "running" | "held" | "decided" | "resuming" | "finished" | "failed" | "expired";
+
+export type { JsonObject, JsonValue };

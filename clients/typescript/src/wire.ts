@@ -1,0 +1,216 @@
+/**
+ * What goes over the wire: the answers' shapes as the server sends them
+ * (snake_case), and the one table of the routes this client calls.
+ *
+ * Each shape is written twice on purpose, as a type (what the code reads)
+ * and as a runtime description (what a test compares with the server's
+ * GET /openapi.json). `shape<T>()` makes the compiler hold the two equal:
+ * a field added to one and not the other does not build. The test
+ * (test/openapi.test.ts) then fails when the server adds or drops a route or
+ * a field that this table does not know of.
+ */
+
+import type { JsonObject, JsonValue } from "./json.js";
+
+// -- the answers -----------------------------------------------------------------------
+
+export interface WireVersioned { key: string; value: JsonValue; version: number }
+export interface WireVersion { version: number }
+export interface WireDeleted { deleted: boolean }
+export interface WireAppended { length: number; version: number }
+export interface WireItems { items: JsonValue[] }
+export interface WireTouched { touched: boolean; expires_at: string | null }
+export interface WireExpiresAt { expires_at: string | null }
+export interface WireLength { length: number }
+export interface WireKeys { keys: string[]; next: string | null }
+export interface WireBatchResults { results: JsonObject[] }
+export interface WireSummary {
+  id: string; task: string; turn: number; stopped_by: string | null; finished: boolean;
+  created_at: string; updated_at: string;
+}
+export interface WireRuns { runs: WireSummary[]; next: string | null }
+export interface WireRun {
+  id: string; snapshot: JsonObject | null; entries: JsonValue[]; first_seq: number; next_seq: number;
+  format: number;
+}
+export interface WireRunHead {
+  id: string; snapshot: JsonObject | null; first_seq: number; next_seq: number; format: number;
+  created_at: string; updated_at: string;
+}
+export interface WireWritten { written: boolean }
+export interface WireEntries { entries: JsonObject[] }
+export interface WireRecord { entries: JsonObject[]; snapshot: JsonObject | null }
+export interface WireId { id: string }
+export interface WireRemoved { removed: number }
+export interface WireSession { id: string; owner: string; created_at: string; metadata: JsonObject }
+export interface WireSessions { sessions: WireSession[]; next: string | null }
+export interface WireTurn {
+  id: string; session_id: string; n: number; status: string; input: JsonValue; request: JsonValue;
+  decision: JsonValue; result: JsonValue; error: string | null; lease: number | null;
+  lease_until: number | null; created_at: string; updated_at: string;
+}
+export interface WireTurns { turns: WireTurn[]; next: string | null }
+export interface WireChange {
+  seq: number; at: string; topic: string; op: string; kind: string | null; scope_id: string | null;
+  key: string | null; version: number | null; start: number | null; count: number | null;
+}
+export interface WireChanges { changes: WireChange[]; last: number }
+export interface WireHead { head: number }
+
+// -- their runtime descriptions, held equal to the types by the compiler ---------------
+
+/** A JSON type as the OpenAPI document names it; "any" is a schema without a type. */
+type Tag<V> =
+  [JsonValue] extends [V] ? "any" :
+  [V] extends [string] ? "string" :
+  [V] extends [string | null] ? "string|null" :
+  [V] extends [boolean] ? "boolean" :
+  [V] extends [number] ? "integer" | "number" :
+  [V] extends [number | null] ? "integer|null" | "number|null" :
+  [V] extends [readonly (infer E)[]] ? readonly [Tag<E>] :
+  [V] extends [JsonObject] ? "object" :
+  [V] extends [JsonObject | null] ? "object|null" :
+  Shape<V>;
+
+/** Every field of `T`, no more, with its JSON type. */
+export type Shape<T> = { readonly [K in keyof T]-?: Tag<T[K]> };
+export type Described = string | readonly [Described] | { readonly [field: string]: Described };
+
+const shape = <T>() => <const S extends Shape<T>>(s: S & Record<Exclude<keyof S, keyof T>, never>): S => s;
+
+const SUMMARY = shape<WireSummary>()({
+  id: "string", task: "string", turn: "integer", stopped_by: "string|null", finished: "boolean",
+  created_at: "string", updated_at: "string",
+});
+const SESSION = shape<WireSession>()({ id: "string", owner: "string", created_at: "string", metadata: "object" });
+const TURN = shape<WireTurn>()({
+  id: "string", session_id: "string", n: "integer", status: "string", input: "any", request: "any",
+  decision: "any", result: "any", error: "string|null", lease: "number|null",
+  lease_until: "number|null", created_at: "string", updated_at: "string",
+});
+const CHANGE = shape<WireChange>()({
+  seq: "integer", at: "string", topic: "string", op: "string", kind: "string|null",
+  scope_id: "string|null", key: "string|null", version: "integer|null", start: "integer|null",
+  count: "integer|null",
+});
+
+export const ANSWERS = {
+  Versioned: shape<WireVersioned>()({ key: "string", value: "any", version: "integer" }),
+  Version: shape<WireVersion>()({ version: "integer" }),
+  Deleted: shape<WireDeleted>()({ deleted: "boolean" }),
+  Appended: shape<WireAppended>()({ length: "integer", version: "integer" }),
+  Items: shape<WireItems>()({ items: ["any"] }),
+  Touched: shape<WireTouched>()({ touched: "boolean", expires_at: "string|null" }),
+  ExpiresAt: shape<WireExpiresAt>()({ expires_at: "string|null" }),
+  Length: shape<WireLength>()({ length: "integer" }),
+  Keys: shape<WireKeys>()({ keys: ["string"], next: "string|null" }),
+  BatchResults: shape<WireBatchResults>()({ results: ["object"] }),
+  Runs: shape<WireRuns>()({ runs: [SUMMARY], next: "string|null" }),
+  Run: shape<WireRun>()({
+    id: "string", snapshot: "object|null", entries: ["any"], first_seq: "integer", next_seq: "integer",
+    format: "integer",
+  }),
+  RunHead: shape<WireRunHead>()({
+    id: "string", snapshot: "object|null", first_seq: "integer", next_seq: "integer", format: "integer",
+    created_at: "string", updated_at: "string",
+  }),
+  Written: shape<WireWritten>()({ written: "boolean" }),
+  Entries: shape<WireEntries>()({ entries: ["object"] }),
+  Record: shape<WireRecord>()({ entries: ["object"], snapshot: "object|null" }),
+  Id: shape<WireId>()({ id: "string" }),
+  Removed: shape<WireRemoved>()({ removed: "integer" }),
+  Session: SESSION,
+  Sessions: shape<WireSessions>()({ sessions: [SESSION], next: "string|null" }),
+  Turn: TURN,
+  Turns: shape<WireTurns>()({ turns: [TURN], next: "string|null" }),
+  Changes: shape<WireChanges>()({ changes: [CHANGE], last: "integer" }),
+  Head: shape<WireHead>()({ head: "integer" }),
+  Stream: "text/event-stream", // server-sent events of WireChange
+  Change: CHANGE,
+} as const;
+
+// -- the routes ------------------------------------------------------------------------
+
+export type Method = "GET" | "PUT" | "POST" | "DELETE";
+
+export interface Route {
+  readonly method: Method;
+  /** As in the OpenAPI document: `{name}` marks a path parameter. */
+  readonly path: string;
+  readonly answer: Described;
+  /** Query parameters this client may send. */
+  readonly query?: readonly string[];
+  /** Body fields this client may send (a JSON object body). */
+  readonly body?: readonly string[];
+  /** A `not_found` here is a RunNotFound. */
+  readonly run?: boolean;
+}
+
+const r = (method: Method, path: string, answer: Described, more: Partial<Route> = {}): Route =>
+  ({ method, path, answer, ...more });
+
+function keyRoutes(base: string) {
+  const k = base + "/{key}";
+  return {
+    get: r("GET", k, ANSWERS.Versioned),
+    put: r("PUT", k, ANSWERS.Version, { query: ["if_version", "ttl"], body: ["value", "if_version", "ttl", "keep_ttl"] }),
+    delete: r("DELETE", k, ANSWERS.Deleted, { query: ["if_version"] }),
+    append: r("POST", k + "/append", ANSWERS.Appended, { body: ["items", "ttl"] }),
+    pop: r("POST", k + "/pop", ANSWERS.Items, { body: ["n"] }),
+    touch: r("POST", k + "/touch", ANSWERS.Touched, { body: ["ttl"] }),
+    expiresAt: r("GET", k + "/expires_at", ANSWERS.ExpiresAt),
+    slice: r("GET", k + "/slice", ANSWERS.Items, { query: ["start", "stop"] }),
+    length: r("GET", k + "/length", ANSWERS.Length),
+    keys: r("GET", base, ANSWERS.Keys, { query: ["prefix", "after", "limit"] }),
+  };
+}
+
+export type KeyRoutes = ReturnType<typeof keyRoutes>;
+
+/** Every route this client calls; the client builds every URL from this table. */
+export const ROUTES = {
+  scope: keyRoutes("/v1/scopes/{kind}/{id}/keys"),
+  sessionState: keyRoutes("/v1/sessions/{session_id}/state/keys"),
+  batch: r("POST", "/v1/batch", ANSWERS.BatchResults, { body: ["ops"] }),
+  runs: {
+    list: r("GET", "/v1/runs", ANSWERS.Runs, { query: ["after", "limit"] }),
+    read: r("GET", "/v1/runs/{run_id}", ANSWERS.Run, { run: true }),
+    head: r("GET", "/v1/runs/{run_id}/head", ANSWERS.RunHead, { run: true }),
+    delete: r("DELETE", "/v1/runs/{run_id}", ANSWERS.Deleted, { run: true }),
+    write: r("POST", "/v1/runs/{run_id}/write", ANSWERS.Written, { run: true, body: ["entries", "snapshot", "create"] }),
+    entries: r("GET", "/v1/runs/{run_id}/entries", ANSWERS.Entries, { run: true, query: ["since", "limit"] }),
+    tail: r("GET", "/v1/runs/{run_id}/tail", ANSWERS.Entries, { run: true, query: ["n"] }),
+    load: r("GET", "/v1/runs/{run_id}/load", ANSWERS.Record, { run: true }),
+    fork: r("POST", "/v1/runs/{run_id}/fork", ANSWERS.Id, { run: true, body: ["new_id", "upto"] }),
+    trim: r("POST", "/v1/runs/{run_id}/trim", ANSWERS.Removed, { run: true, body: ["before"] }),
+  },
+  sessions: {
+    create: r("POST", "/v1/sessions", ANSWERS.Session, { body: ["metadata"] }),
+    list: r("GET", "/v1/sessions", ANSWERS.Sessions, { query: ["after", "limit"] }),
+    get: r("GET", "/v1/sessions/{session_id}", ANSWERS.Session),
+    delete: r("DELETE", "/v1/sessions/{session_id}", ANSWERS.Deleted),
+    turns: r("GET", "/v1/sessions/{session_id}/turns", ANSWERS.Turns, { query: ["after", "limit"] }),
+    startTurn: r("POST", "/v1/sessions/{session_id}/turns", ANSWERS.Turn, { body: ["input", "lease", "queued"] }),
+    release: r("POST", "/v1/sessions/{session_id}/release", ANSWERS.Turn),
+    turnsByStatus: r("GET", "/v1/turns", ANSWERS.Turns, { query: ["status", "after", "limit"] }),
+    getTurn: r("GET", "/v1/turns/{turn_id}", ANSWERS.Turn),
+    act: r("POST", "/v1/turns/{turn_id}/{action}", ANSWERS.Turn, { body: ["lease", "request", "decision", "result", "error"] }),
+  },
+  feed: {
+    changes: r("GET", "/v1/changes", ANSWERS.Changes, { query: ["since", "wait", "topic", "kind", "scope_id", "key", "limit"] }),
+    head: r("GET", "/v1/changes/head", ANSWERS.Head),
+    stream: r("GET", "/v1/changes/stream", ANSWERS.Stream, { query: ["since", "topic", "kind", "scope_id", "key", "limit"] }),
+  },
+} as const;
+
+/** Routes of the server this client leaves alone on purpose, and why. */
+export const NOT_CALLED: Readonly<Record<string, string>> = {
+  "POST /v1/runs/prune": "administration (agentstate prune, db.runs.prune in Python): not in SPEC §13",
+  "POST /v1/sessions/prune": "administration (agentstate prune): not in SPEC §13",
+  "GET /v1/settings": "settings are administered with `agentstate settings`: not in SPEC §13",
+  "PUT /v1/settings/{name}": "settings are administered with `agentstate settings`: not in SPEC §13",
+  "GET /v1/admin/check": "administration (agentstate check): not in SPEC §13",
+  "GET /v1/admin/info": "administration (agentstate info): not in SPEC §13",
+  "GET /v1/health": "for load balancers and probes: not in SPEC §13",
+  "GET /openapi.json": "the document itself (the tests read it)",
+};

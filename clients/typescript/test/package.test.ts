@@ -1,0 +1,108 @@
+/**
+ * The package as a user gets it: `npm pack` makes a tarball that installs in
+ * a new Node project and imports as `import { connect } from "agentstate"`,
+ * types included; and the README's example type-checks and runs.
+ */
+
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { after, before, describe, it } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import { connect } from "agentstate";
+import { serve, type Served } from "./server.js";
+
+const PKG = join(dirname(fileURLToPath(import.meta.url)), "..", ".."); // build/test -> the package
+const TSC = join(PKG, "node_modules", "typescript", "bin", "tsc");
+let srv: Served;
+let tmp: string;
+
+before(async () => {
+  srv = await serve();
+  tmp = mkdtempSync(join(tmpdir(), "agentstate-ts-pkg-"));
+});
+after(async () => {
+  await srv?.close();
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
+});
+
+function run(cmd: string, args: string[], cwd: string, env: Record<string, string> = {}): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile(cmd, args, { cwd, env: { ...process.env, ...env }, timeout: 120_000, maxBuffer: 1 << 24 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${cmd} ${args.join(" ")}: ${err.message}\n${stdout}\n${stderr}`))
+        : resolve(stdout)));
+  });
+}
+
+const NPM = process.platform === "win32" ? "npm.cmd" : "npm";
+const QUIET = ["--no-audit", "--no-fund", "--loglevel=error"];
+
+describe("the packed tarball", () => {
+  it("installs in a new project without other packages, and imports and types as documented", async () => {
+    const out = JSON.parse(await run(NPM, ["pack", "--json", "--pack-destination", tmp, ...QUIET], PKG)) as
+      { filename: string; files: { path: string }[] }[];
+    const files = out[0]!.files.map((f) => f.path).sort();
+    assert.ok(files.includes("dist/index.js") && files.includes("dist/index.d.ts"), files.join(" "));
+    assert.ok(files.every((f) => /^(dist\/|package\.json$|README\.md$)/.test(f)), `only what a user needs: ${files.join(" ")}`);
+    const manifest = JSON.parse(readFileSync(join(PKG, "package.json"), "utf8")) as Record<string, unknown>;
+    assert.equal(manifest.dependencies, undefined, "no runtime dependencies");
+
+    const project = join(tmp, "user-project");
+    mkdirSync(project);
+    writeFileSync(join(project, "package.json"), JSON.stringify({ name: "user-project", private: true, type: "module" }));
+    await run(NPM, ["install", "--offline", ...QUIET, join(tmp, out[0]!.filename)], project);
+    assert.deepEqual(readdirSync(join(project, "node_modules")).filter((d) => !d.startsWith(".")), ["agentstate"]);
+
+    writeFileSync(join(project, "main.mjs"), `
+      import { connect, VersionConflict, NOT_RUN } from "agentstate";
+      const db = connect(process.env.URL, { token: process.env.TOKEN });
+      const s = db.scope("app", "packed");
+      await s.put("k", 1, { ifVersion: 0 });
+      const err = await s.put("k", 2, { ifVersion: 0 }).catch((e) => e);
+      if (!(err instanceof VersionConflict) || err.currentVersion !== 1) throw new Error("not a VersionConflict: " + err);
+      console.log(JSON.stringify(await s.getVersioned("k")), typeof NOT_RUN);
+    `);
+    const printed = await run(process.execPath, ["main.mjs"], project, { URL: srv.url, TOKEN: srv.token });
+    assert.equal(printed.trim(), '{"value":1,"version":1} symbol');
+
+    // A TypeScript user with the DOM's types and no Node types: the shipped .d.ts suffice.
+    writeFileSync(join(project, "use.ts"), `
+      import { connect, type Versioned, type Change } from "agentstate";
+      export async function f(url: string, token: string): Promise<number> {
+        const db = connect(url, { token });
+        const v: Versioned<number> = await db.scope("agent", "a").getVersioned<number>("n");
+        const n: number = await db.scope("agent", "a").update<number>("n", (x) => x + 1, { default: 0 });
+        for await (const ch of db.subscribe(0)) { const c: Change = ch; return c.seq + n; }
+        return (v.value ?? 0) + n;
+      }
+    `);
+    await run(process.execPath, [TSC, "--noEmit", "--strict", "--module", "nodenext", "--target", "es2022",
+      "--lib", "es2022,dom,dom.asynciterable", "--types", "", "use.ts"], project);
+  });
+});
+
+describe("the README", () => {
+  it("its example type-checks and runs against a server", async () => {
+    const readme = readFileSync(join(PKG, "README.md"), "utf8");
+    const example = /## Example\s+```ts\n([\s\S]*?)```/.exec(readme)?.[1];
+    assert.ok(example, "the README has a ```ts block under ## Example");
+    const dir = join(PKG, "build", "readme"); // inside the package: "agentstate" resolves to itself
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "example.ts"), example);
+    writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
+      compilerOptions: { strict: true, module: "nodenext", target: "es2022", lib: ["es2022"], types: ["node"],
+        typeRoots: [join(PKG, "node_modules", "@types")], rootDir: ".", outDir: "." },
+      files: ["example.ts"] }));
+    await run(process.execPath, [TSC, "-p", dir], PKG);
+    const printed = await run(process.execPath, [join(dir, "example.js")], PKG,
+      { AGENTSTATE_URL: srv.url, AGENTSTATE_TOKEN: srv.token });
+    assert.equal(printed, "history has 1 items; visit 1\n{ value: undefined, version: 0 }\n" +
+      "written first by someone else: version 1\n");
+    const db = connect(srv.url, { token: srv.token });
+    assert.deepEqual(await db.scope("session", "s-42").slice("history"), [{ role: "user", content: "hi" }]);
+    assert.equal(await db.scope("agent", "support-bot").get("visits"), 1);
+  });
+});

@@ -1,0 +1,56 @@
+"""The TypeScript client (clients/typescript, SPEC §13): its own `node --test` suites, run here
+so that the README's test command (and CI) proves them.
+
+`npm ci` runs when node_modules is missing or was installed from another package-lock.json;
+then `npm test` builds the package and runs the suites against real `agentstate serve`
+processes that they start and stop themselves, with this Python (and this checkout's
+agentstate first on its path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+PACKAGE = REPO / "clients" / "typescript"
+STAMP = PACKAGE / "node_modules" / ".agentstate-lock.sha256"  # what npm ci installed from
+
+
+def _npm() -> str:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        if os.environ.get("CI"):  # .ci/run installs nodejs and npm
+            pytest.fail("node and npm are needed for the TypeScript client's tests", pytrace=False)
+        pytest.skip("node or npm is not installed here: the TypeScript client's tests did not run")
+    return npm
+
+
+def _install(npm: str) -> None:
+    digest = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=PACKAGE,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"npm ci failed:\n{r.stdout}\n{r.stderr}"
+    STAMP.write_text(digest)
+
+
+def test_typescript_client_suites_pass():
+    """The TypeScript client passes its node --test suites against a real agentstate serve."""
+    npm = _npm()
+    _install(npm)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "AGENTSTATE_PYTHON": sys.executable, "PYTHONPATH": path}
+    env.pop("AGENTSTATE_DB", None)
+    r = subprocess.run([npm, "test"], cwd=PACKAGE, env=env, capture_output=True, text=True,
+                       timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"npm test failed (exit {r.returncode}):\n{out[-30000:]}"
+    assert "# fail 0" in out or "ℹ fail 0" in out, out[-30000:]
