@@ -212,5 +212,6 @@ export const NOT_CALLED: Readonly<Record<string, string>> = {
   "GET /v1/admin/check": "administration (agentstate check): not in SPEC §13",
   "GET /v1/admin/info": "administration (agentstate info): not in SPEC §13",
   "GET /v1/health": "for load balancers and probes: not in SPEC §13",
+  "GET /v1/whoami": "the Python client's way to learn its token's principal; here connect() is told it (principal)",
   "GET /openapi.json": "the document itself (the tests read it)",
 };
