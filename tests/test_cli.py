@@ -300,3 +300,22 @@ def test_backup_shows_a_progress_bar_on_a_terminal(tmp_path):
     piped = subprocess.run([sys.executable, "-m", "agentstate", "--db", db_path, "backup",
                             str(tmp_path / "c.db")], capture_output=True, text=True)
     assert piped.returncode == 0 and "%" not in piped.stderr
+
+
+def test_runs_show_marks_calls_without_a_result(db_path):
+    """runs show names each claimed call with no result: in progress while its claim is
+    live, in doubt once it lapsed (SPEC §14); settled calls are not marked."""
+    import time
+
+    with agentstate.open(db_path) as db:
+        db.runs.write("r", [], None, create=True)
+        db.runs.once("r", "paid", lambda: {"id": "ch_1"})
+        db.runs.claim("r", "running")
+        db.runs.claim("r", "lost", lease=0.01)
+    time.sleep(0.05)
+    shown = jrun(db_path, "runs", "show", "r")
+    assert shown["open_calls"] == {"running": "in_progress", "lost": "in_doubt"}
+    out = run(db_path, "runs", "show", "r").output.splitlines()
+    assert [line.split("<- ")[1] for line in out if "<- " in line] == [
+        "in progress: no result recorded",
+        "in doubt: no result recorded (it may have run: reconcile it)"]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
+from typing import Any
 
 import click
 
-from ._base import ARGS, Ctx, cli, fail, paged, pass_obj, show, table
+import agentstate
+
+from ..backends.base import CALL_TYPES, call_state
+from ._base import ADMIN, ARGS, Ctx, cli, fail, paged, pass_obj, show, table
 
 
 @cli.group()
@@ -44,9 +49,38 @@ def runs_show(obj: Ctx, run_id: str, n: int | None) -> None:
     if rec is None:
         fail("not_found", f"no run {run_id!r}")
     entries = rec.entries if n is None else db.runs.tail(run_id, n)
-    obj.out({"id": run_id, "snapshot": rec.snapshot, "entries": entries},
+    calls = open_calls(db, rec.entries)
+    marks = {id(e): f"  <- {state.replace('_', ' ')}: no result recorded"
+             + (" (it may have run: reconcile it)" if state == "in_doubt" else "")
+             for e, state in calls.values()}
+    obj.out({"id": run_id, "snapshot": rec.snapshot, "entries": entries,
+             "open_calls": {cid: state for cid, (_e, state) in calls.items()}},
             "\n".join([f"run {run_id}: {len(rec.entries)} entries",
-                       f"snapshot: {show(rec.snapshot)}"] + [show(e) for e in entries]))
+                       f"snapshot: {show(rec.snapshot)}"]
+                      + [show(e) + marks.get(id(e), "") for e in entries]))
+
+
+def open_calls(db: agentstate.Database, entries: list[dict[str, Any]]
+               ) -> dict[str, tuple[dict[str, Any], str]]:
+    """The tool calls with a claim and no result yet (SPEC §14), by call id: the claim
+    entry and whether it is in_progress or in_doubt, by the rule once() applies."""
+    last: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if e.get("type") in CALL_TYPES and isinstance(e.get("call_id"), str):
+            last[e["call_id"]] = e
+    out = {}
+    now = time.time()
+    for call_id, e in last.items():
+        if e["type"] != "tool_call":
+            continue
+        fence, live = e.get("fence"), None
+        if isinstance(fence, str):
+            try:
+                live = db.sessions.get_turn(fence, ADMIN).status in ("running", "resuming")
+            except agentstate.NotFound:
+                live = False
+        out[call_id] = (e, call_state(e, live, now))
+    return out
 
 
 @runs.command("delete", context_settings=ARGS)
