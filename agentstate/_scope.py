@@ -129,7 +129,9 @@ class Scope:
         (``"keep"``: the expiry it had, as ``update`` does).
 
         :raises VersionConflict: ``if_version`` is not the current version (0: absent).
-        :raises InvalidKey, InvalidValue, TooLarge: refused before anything is written.
+        :raises InvalidKey: refused before anything is written.
+        :raises InvalidValue: refused before anything is written.
+        :raises TooLarge: refused before anything is written.
         """
         check_key(key)
         if_version = _check_version(if_version)
