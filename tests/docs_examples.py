@@ -27,6 +27,7 @@ PAGE_KINDS = ("postgres",)
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)(?P<rest>.*)$")
 PORT = "8765"  # an example's port: the test puts a free one in its place
 PG_PLACEHOLDER = re.compile(r"postgresql://agents@db\.internal/agents(\?[^\s\"')]*)?")
+SHELL_OWN = {"_", "SHLVL", "PWD", "OLDPWD"}  # bash's own variables, not the page's
 WAIT = 60.0  # seconds a background command may take to start, or to print what it must
 
 
@@ -50,6 +51,7 @@ class Block:
     code: str
     marker: str | None = None  # skip, background
     why: str = ""
+    title: str = ""  # title="agents.py": a script, saved under that name and run on its own
 
     def where(self) -> str:
         return f"{rel(self.page)}:{self.line}"
@@ -102,6 +104,8 @@ def parse(path: Path) -> Page:
             body = "\n".join(ln[len(indent):] if ln.startswith(indent) else ln.lstrip()
                              for ln in lines[i + 1:end])
             block = Block(path, i + 2, lang, textwrap.dedent(body) + "\n")
+            title = re.search(r'title="([^"]*)"', f.group("rest"))
+            block.title = title.group(1) if title else ""
             if pending:
                 block.marker, block.why = pending[1], pending[2]
                 pending = None
@@ -150,6 +154,9 @@ def console_steps(block: Block) -> list[tuple[str, list[str]]]:
 def output_matches(expected: list[str], actual: str) -> bool:
     """Line by line; '...' inside a line matches any text, a line of only '...' any lines."""
     pattern = ""
+    expected = list(expected)
+    while expected and not expected[-1].strip():  # blank lines before the next $ line
+        expected.pop()
     for line in expected:
         if line.strip() == "...":
             pattern += r"(?:[^\n]*\n)*?"
@@ -186,6 +193,7 @@ class PageRun:
             self.env.pop(name, None)
         self.namespace: dict[str, Any] = {"__name__": "__docs__"}
         self.background: list[tuple[Block, subprocess.Popen[bytes], Path]] = []
+        self.saved_environ: dict[str, str | None] = {}
 
     def code(self, block: Block) -> str:
         text = block.code.replace(f":{PORT}", f":{self.port}").replace(f"--port {PORT}", f"--port {self.port}")
@@ -211,10 +219,19 @@ class PageRun:
         finally:
             self.stop_background(check=False)
             self.close_databases()
+            for name, value in self.saved_environ.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def python(self, block: Block) -> None:
+        if block.title.endswith(".py"):  # a script: its own process, as a reader would run it
+            (self.workdir / block.title).write_text(self.code(block))
+            self._bash(f'"{sys.executable}" {block.title}', block, timeout=300)
+            return
         source = "\n" * (block.line - 1) + self.code(block)
-        exec(compile(source, str(block.page), "exec"), self.namespace)
+        exec(compile(source, str(block.page), "exec", dont_inherit=True), self.namespace)
 
     def _bash(self, script: str, block: Block, timeout: float = 120) -> str:
         env_file = self.workdir / ".env"
@@ -227,7 +244,17 @@ class PageRun:
         if r.returncode != 0:
             raise DocsError(f"{block.where()}: exit {r.returncode}\n--- block:\n{block.code}"
                             f"--- stdout:\n{r.stdout[-3000:]}\n--- stderr:\n{r.stderr[-3000:]}")
+        self.export_to_python(env_file)
         return r.stdout
+
+    def export_to_python(self, env_file: Path) -> None:
+        """Variables the shell blocks set (T=..., AGENTSTATE_TOKEN=...) are seen by the page's
+        Python blocks too, in os.environ (restored when the page ends)."""
+        now = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
+        for name, value in now.items():
+            if name not in SHELL_OWN and self.env.get(name) != value:
+                self.saved_environ.setdefault(name, os.environ.get(name))
+                os.environ[name] = value
 
     def sh(self, block: Block) -> None:
         self._bash("set -euo pipefail\n" + self.code(block), block)

@@ -10,9 +10,12 @@ How the examples are run — the conventions a page's author follows:
 - ```` ```python ```` blocks run in this process, one namespace per page (a
   later block sees an earlier block's names). Use ``assert`` to show a result:
   a wrong claim then fails the test. Databases left open are closed afterwards.
+  A python block titled ``NAME.py`` (```` ```python title="agents.py" ````) is
+  a script instead: saved under that name and run as ``python NAME.py`` in its
+  own process (for multiprocessing: ``if __name__ == "__main__":``).
 - ```` ```sh ```` blocks run with ``bash`` under ``set -euo pipefail``: every
   command must succeed. Variables a block sets are seen by the page's later
-  shell blocks.
+  blocks: shell blocks, and Python blocks through ``os.environ``.
 - ```` ```console ```` blocks are ``$ command`` lines (a line ending in ``\\``
   continues), each followed by the output it must print (stdout and stderr
   together). In that output ``...`` stands for any text within a line, and a
@@ -69,6 +72,7 @@ def _id(p: Path) -> str:
     return p.relative_to(dx.DOCS).as_posix()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a coroutine never awaited is a wrong example
 @pytest.mark.parametrize("path", PAGES, ids=[_id(p) for p in PAGES])
 def test_docs_page_examples_run(path, tmp_path, monkeypatch, request):
     """Every code block of the page runs as written and shows what it claims."""
@@ -117,7 +121,7 @@ def test_docs_console_output_must_match_what_the_command_prints():
 def site(tmp_path_factory):
     """The site, built with ``mkdocs build --strict`` (a broken link or reference fails)."""
     out = tmp_path_factory.mktemp("site")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
