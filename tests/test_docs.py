@@ -117,14 +117,32 @@ def test_docs_console_output_must_match_what_the_command_prints():
 
 # -- the site builds ----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """The site, built with ``mkdocs build --strict`` (a broken link or reference fails)."""
+@pytest.fixture(scope="module", autouse=True)
+def _site_build(request, tmp_path_factory):
+    """Starts ``mkdocs build --strict`` with the module's first test, so that it runs while the
+    pages' examples do (when a test that needs the site is selected)."""
+    if not any("site" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
     out = tmp_path_factory.mktemp("site")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    log = open(out.parent / f"{out.name}.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    yield out, proc, log
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def site(_site_build):
+    """The site, built with ``mkdocs build --strict`` (a broken link or reference fails)."""
+    out, proc, log = _site_build
+    proc.wait(timeout=300)
+    log.seek(0)
+    assert proc.returncode == 0, log.read()[-6000:]
     return out
 
 
