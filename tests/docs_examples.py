@@ -233,25 +233,30 @@ class PageRun:
         source = "\n" * (block.line - 1) + self.code(block)
         exec(compile(source, str(block.page), "exec", dont_inherit=True), self.namespace)
 
+    @property
+    def env_file(self) -> Path:
+        return self.workdir / ".env"
+
+    def shell_env(self) -> dict[str, str]:
+        """The environment of the next shell block: what the page's earlier ones left."""
+        if not self.env_file.exists():
+            return self.env
+        return dict(item.split("=", 1) for item in self.env_file.read_text().split("\0") if "=" in item)
+
     def _bash(self, script: str, block: Block, timeout: float = 120) -> str:
-        env_file = self.workdir / ".env"
-        env = self.env
-        if env_file.exists():  # what the page's earlier shell blocks set
-            env = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
-        full = f"set -a\n{script}\nenv -0 > {env_file}\n"
-        r = subprocess.run(["bash", "-c", full], cwd=self.workdir, env=env, capture_output=True,
-                           text=True, timeout=timeout)
+        full = f"set -a\n{script}\nenv -0 > {self.env_file}\n"
+        r = subprocess.run(["bash", "-c", full], cwd=self.workdir, env=self.shell_env(),
+                           capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise DocsError(f"{block.where()}: exit {r.returncode}\n--- block:\n{block.code}"
                             f"--- stdout:\n{r.stdout[-3000:]}\n--- stderr:\n{r.stderr[-3000:]}")
-        self.export_to_python(env_file)
+        self.export_to_python()
         return r.stdout
 
-    def export_to_python(self, env_file: Path) -> None:
+    def export_to_python(self) -> None:
         """Variables the shell blocks set (T=..., AGENTSTATE_TOKEN=...) are seen by the page's
         Python blocks too, in os.environ (restored when the page ends)."""
-        now = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
-        for name, value in now.items():
+        for name, value in self.shell_env().items():
             if name not in SHELL_OWN and self.env.get(name) != value:
                 self.saved_environ.setdefault(name, os.environ.get(name))
                 os.environ[name] = value
@@ -281,19 +286,17 @@ class PageRun:
     def start(self, block: Block) -> None:
         """A command that runs until Ctrl-C: started now, stopped (SIGINT) at the end of the page."""
         log = self.workdir / f".background-{block.line}.log"
-        env_file = self.workdir / ".env"
-        env = self.env
-        if env_file.exists():
-            env = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
+        command = self.code(block).strip()
+        if "\n" in command:
+            raise DocsError(f"{block.where()}: a background block is one command")
         with open(log, "wb") as out:
             # exec: the signal reaches the command itself, as Ctrl-C would
-            proc = subprocess.Popen(["bash", "-c", "exec " + self.code(block).strip()], cwd=self.workdir,
-                                    env=env, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=self.workdir,
+                                    env=self.shell_env(), stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self.background.append((block, proc, log))
         deadline = time.monotonic() + WAIT
-        port = int(self.port) if f":{self.port}" in self.code(block) or \
-            f"--port {self.port}" in self.code(block) else None
+        port = int(self.port) if re.search(rf"(:|--port ){self.port}\b", command) else None
         while True:
             if proc.poll() is not None:
                 raise DocsError(f"{block.where()}: exited {proc.returncode} at once:\n"
