@@ -153,7 +153,8 @@ class RunStore:
         Entries whose seq the run has are skipped; the rest must continue right
         after the last stored seq. ``snapshot=None`` keeps the current one.
 
-        :raises InvalidValue, TooLarge: checked first, before anything is read.
+        :raises InvalidValue: checked first, before anything is read.
+        :raises TooLarge: checked first, before anything is read.
         :raises RunExists: ``create=True`` and the run exists.
         :raises RunNotFound: ``create=False`` and the run does not exist.
         :raises HistoryGap: the entries leave a gap; nothing is written.

@@ -137,7 +137,9 @@ class Scope:
         turn id) whose lease must hold when the write commits (SPEC §14).
 
         :raises VersionConflict: ``if_version`` is not the current version (0: absent).
-        :raises InvalidKey, InvalidValue, TooLarge: refused before anything is written.
+        :raises InvalidKey: refused before anything is written.
+        :raises InvalidValue: refused before anything is written.
+        :raises TooLarge: refused before anything is written.
         :raises LeaseLost: the fence's turn lost its lease; nothing was written.
         """
         check_key(key)
