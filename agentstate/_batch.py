@@ -40,7 +40,9 @@ class BatchScope:
             ttl: float | None = None) -> None:
         """As ``Scope.put`` (``ttl`` in seconds, or None: no expiry).
 
-        :raises InvalidKey, InvalidValue, TooLarge: now, and the write is not added.
+        :raises InvalidKey: now, and the write is not added.
+        :raises InvalidValue: now, and the write is not added.
+        :raises TooLarge: now, and the write is not added.
         """
         check_key(key)
         if ttl == KEEP:  # the State API's batch has no keep_ttl: refused alike everywhere
@@ -50,7 +52,11 @@ class BatchScope:
                           {"if_version": if_version, "ttl": ttl}))
 
     def delete(self, key: str, *, if_version: int | None = None) -> None:
-        """As ``Scope.delete``. :raises InvalidKey, InvalidValue: now."""
+        """As ``Scope.delete``.
+
+        :raises InvalidKey: now.
+        :raises InvalidValue: now.
+        """
         check_key(key)
         self._batch._add(("delete", self.kind, self.id, key, (),
                           {"if_version": _check_version(if_version)}))
@@ -58,7 +64,9 @@ class BatchScope:
     def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> None:
         """As ``Scope.append`` (``ttl`` None keeps the key's expiry).
 
-        :raises InvalidKey, InvalidValue, TooLarge: now, and the write is not added.
+        :raises InvalidKey: now, and the write is not added.
+        :raises InvalidValue: now, and the write is not added.
+        :raises TooLarge: now, and the write is not added.
         """
         check_key(key)
         ttl = _ttl(ttl)

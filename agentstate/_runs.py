@@ -330,8 +330,10 @@ class RunStore:
         than its ``lease`` seconds passed). ``in_doubt``: a claim with no result that is
         no longer live — it may have run; ``retry=True`` claims it again (``"retry": n``).
 
-        :raises RunNotFound: no such run. :raises LeaseLost: ``fence`` lapsed (nothing
-            appended). :raises InvalidKey, InvalidValue: bad ids, ``call`` or lease.
+        :raises RunNotFound: no such run.
+        :raises LeaseLost: ``fence`` lapsed (nothing appended).
+        :raises InvalidKey: a bad run or call id.
+        :raises InvalidValue: a bad ``call``, ``lease`` or ``retry``.
         """
         return _calls.claim(self._ops, run_id, call_id, call, fence, lease, retry)
 
@@ -341,7 +343,8 @@ class RunStore:
         ``error``'s text (``"status": "error"``), as a ``tool_result`` entry.
 
         :raises InvalidTransition: the call is not claimed, or settled already.
-        :raises RunNotFound, LeaseLost: as for :meth:`claim`.
+        :raises RunNotFound: as for :meth:`claim`.
+        :raises LeaseLost: as for :meth:`claim`.
         """
         _calls.settle(self._ops, run_id, call_id, result, error, fence)
 
@@ -362,7 +365,11 @@ class RunStore:
         ``reconcile``, ``InDoubt``. If ``fn`` raises, its error is recorded and it
         propagates; an interrupt (Ctrl-C, a cancel) leaves the call in doubt.
 
-        :raises InDoubt, CallInProgress, CallFailed, LeaseLost, RunNotFound: as above.
+        :raises InDoubt: as above.
+        :raises CallInProgress: as above.
+        :raises CallFailed: as above.
+        :raises LeaseLost: as above.
+        :raises RunNotFound: as above.
         """
         return _calls.once(self._ops, run_id, call_id, fn, call, reconcile, fence, lease)
 

@@ -150,7 +150,11 @@ class Scope:
                                 expiry)
 
     def delete(self, key: str, *, if_version: int | None = None, fence: Any = None) -> bool:
-        """Remove ``key``; True if it existed. :raises VersionConflict, LeaseLost: as for put."""
+        """Remove ``key``; True if it existed.
+
+        :raises VersionConflict: as for put.
+        :raises LeaseLost: as for put.
+        """
         check_key(key)
         if_version = _check_version(if_version)
         return self._writer(fence).kv_delete(self.kind, self.id, key, if_version)
