@@ -23,6 +23,7 @@ from contextlib import contextmanager, nullcontext
 from types import ModuleType
 from typing import Any
 
+from . import _sql
 from .errors import Forbidden, InvalidTransition, NotFound, UsageError
 
 Row = tuple[Any, ...]
@@ -52,6 +53,8 @@ class LocalOps:
         self._write: Callable[..., Any] = getattr(store, "call_write", None) or self._one_write
         # fn(connection, *args) as one read (SQLite's Store does it without a context manager).
         self._read: Callable[..., Any] = getattr(store, "call_read", None) or self._one_read
+        # db.sql(): the backend's admin module runs it (PostgreSQL's); SQLite's is _sql.read.
+        self._sql: Callable[..., Any] = getattr(self.admin, "sql", None) or _sql.read
 
     def _one_write(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self.store.write() as c:
@@ -364,3 +367,10 @@ class LocalOps:
 
     def vacuum(self) -> dict[str, int]:
         return self.admin.vacuum(self.store)
+
+    def sql(self, query: str, params: tuple[Any, ...] | dict[str, Any]) -> list[dict[str, Any]]:
+        """One read-only statement's rows as dicts, from one snapshot of committed state."""
+        self.store.check_open()
+        if self.store.in_write():
+            raise UsageError("sql() reads committed state: call it outside transaction()")
+        return self._sql(self.store, query, params)
