@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -197,6 +197,39 @@ class Database:
         """Checkpoint the WAL and rebuild the file; returns its size before and after."""
         return self._ops.vacuum()
 
+    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict[str, Any]]:
+        """Run one read-only SQL statement on the store: its rows, each a dict of column name
+        to value, read from one consistent snapshot of committed state.
+
+        This is how to query the tables and views of ``schema.sql`` (``state``,
+        ``run_history``, ``runs``, ``active_turns``, ``changes``) from Python. Never open
+        the file with Python's ``sqlite3`` module in a process that has it open through
+        agentstate: that module links a second copy of SQLite, the two copies do not see
+        each other's locks, and closing its connection drops agentstate's locks on the
+        file. Within seconds that crashes the process (SIGBUS), makes agentstate report
+        the file ``Damaged``, and with other processes writing loses acknowledged writes
+        and corrupts the file for every process (README, "Reading the file with
+        sqlite3"). The ``sqlite3`` shell in another process is safe.
+
+        Placeholders are the backend's own: ``?`` or ``:name`` on a file, ``%s`` or
+        ``%(name)s`` on PostgreSQL (where a literal ``%`` is then written ``%%``);
+        ``params`` is a sequence for positional ones, a mapping for named ones. Values
+        come back as the driver reads them, JSON as its text on both backends. On
+        PostgreSQL the statement runs in a READ ONLY transaction on the server, which is
+        then rolled back.
+
+        :raises UsageError: the statement writes, or would change the transaction or the
+            connection (INSERT, UPDATE, DELETE, DDL, BEGIN/COMMIT, ATTACH, a pragma other
+            than the schema ones, SET): refused, nothing written. Also inside
+            ``transaction()``, and through ``agentstate.connect()`` (SQL is for local stores).
+        :raises InvalidValue: not one statement, an SQL error (syntax, an unknown table or
+            column), or parameters that do not fit.
+        """
+        from . import _sql
+
+        self._check_open()
+        return self._ops.sql(query, _sql.check(query, params))
+
     def close(self) -> None:
         """Close every connection; idempotent. Any later call raises Closed."""
         self._ops.close()
@@ -223,6 +256,13 @@ def open(
     ``durability="full"``: every returned write is on disk; ``"normal"``: the
     last commits may be lost on power failure, the file is never corrupted.
     ``vfs`` names a registered SQLite VFS to use instead of the default one.
+
+    Query the store from Python with ``db.sql()``. Never open the same file with
+    Python's ``sqlite3`` module in this process while it is open here: that module
+    links another copy of SQLite, which does not see agentstate's locks and drops them
+    when its connection closes; within seconds the process crashes (SIGBUS) or the file
+    is corrupted, for other processes too. The ``sqlite3`` shell, or Python's
+    ``sqlite3`` in another process, is safe.
 
     :raises SchemaTooNew: the file was written by a newer agentstate.
     :raises Damaged: the file is not an agentstate database.

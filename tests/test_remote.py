@@ -98,6 +98,15 @@ def test_the_fixture_is_remote(db):
             local_only()
 
 
+def test_sql_through_the_remote_client_is_a_usage_error(db):
+    """db.sql() is for local stores: through connect() it is refused, and nothing is sent."""
+    db.scope("app", "a").put("k", 1)
+    for query in ("SELECT 1", "DELETE FROM kv"):
+        with pytest.raises(agentstate.UsageError, match="local stores"):
+            db.sql(query)
+    assert db.scope("app", "a").get("k") == 1
+
+
 def test_open_refuses_an_http_url(tmp_path, monkeypatch):
     """A URL is never taken for a file name: open() of an http URL says to use connect()."""
     monkeypatch.chdir(tmp_path)

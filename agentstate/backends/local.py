@@ -412,3 +412,10 @@ class LocalOps:
 
     def vacuum(self) -> dict[str, int]:
         return self.admin.vacuum(self.store)
+
+    def sql(self, query: str, params: tuple[Any, ...] | dict[str, Any]) -> list[dict[str, Any]]:
+        """One read-only statement's rows as dicts, from one snapshot of committed state."""
+        self.store.check_open()
+        if self.store.in_write():
+            raise UsageError("sql() reads committed state: call it outside transaction()")
+        return self.admin.sql(self.store, query, params)

@@ -521,6 +521,10 @@ class RemoteOps:
     def vacuum(self) -> dict[str, int]:
         return self._local_only("vacuum")
 
+    def sql(self, query: str, params: Any) -> list[dict[str, Any]]:
+        raise E.UsageError("db.sql() is for local stores (a file, or a postgresql:// URL opened "
+                           "with agentstate.open()): the HTTP API runs no SQL")
+
     def token_create(self, name: str, admin: bool) -> str:
         return self._local_only("tokens create")
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import errors as pgerr
+from psycopg.types.string import TextLoader
 
-from ...errors import UsageError
-from .store import SCHEMA_VERSION, translate
+from ..._sql import first_word, refused, several
+from ...errors import InvalidValue, UsageError
+from .store import SCHEMA_VERSION, _quiet_rollback, translate
 
 if TYPE_CHECKING:
     from .store import Store
@@ -171,4 +174,58 @@ def vacuum(store: Store) -> dict[str, int]:
                      "(autovacuum, or VACUUM in psql); expired keys are purged as writes happen")
 
 
-__all__ = ["backup", "check", "info", "vacuum"]
+__all__ = ["backup", "check", "info", "purge", "sql", "vacuum"]
+
+
+# What a statement that only reads starts with (a data-modifying WITH, SELECT INTO or
+# EXPLAIN ANALYZE of a write is then refused by the READ ONLY transaction).
+_QUERIES = frozenset({"SELECT", "WITH", "VALUES", "TABLE", "SHOW", "EXPLAIN"})
+# The other statements PostgreSQL knows: refused as writes. A first word in neither
+# set is not sent either: it is a syntax error (InvalidValue), as on a file.
+_NOT_QUERIES = frozenset("""
+    INSERT UPDATE DELETE MERGE TRUNCATE COPY CREATE ALTER DROP GRANT REVOKE COMMENT SECURITY
+    REINDEX VACUUM ANALYZE ANALYSE CLUSTER CHECKPOINT REFRESH REASSIGN IMPORT LOAD SET RESET
+    BEGIN START COMMIT END ROLLBACK ABORT SAVEPOINT RELEASE PREPARE EXECUTE DEALLOCATE LISTEN
+    UNLISTEN NOTIFY DECLARE FETCH MOVE CLOSE DISCARD LOCK DO CALL""".split())
+
+
+def sql(store: Store, query: str, params: tuple[Any, ...] | dict[str, Any]) -> list[dict[str, Any]]:
+    """db.sql() on the server: one query in a READ ONLY transaction, then ROLLBACK.
+
+    Only a statement that starts as a query is sent (SET, LISTEN, PREPARE, BEGIN ...
+    would change the pooled connection or its transaction), with the extended protocol
+    (``stream``), which takes one statement only: ``SELECT 1; COMMIT; DELETE ...``
+    never reaches the server as three.
+    """
+    word = first_word(query)
+    if word in _NOT_QUERIES:
+        raise refused(f"{word} is not a query")
+    if word not in _QUERIES:
+        raise InvalidValue(f"db.sql(): {word or 'the query'!r} does not start a statement "
+                           f"(a query starts with {', '.join(sorted(_QUERIES))})")
+    raw = store._checkout()
+    try:
+        raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur = raw.cursor()
+        for name in ("json", "jsonb"):  # JSON as its text, as the file gives it
+            cur.adapters.register_loader(name, TextLoader)
+        rows = list(cur.stream(query, params or None))
+        if raw.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+            raise refused("the statement ended the transaction")
+        names = [d.name for d in cur.description or ()]
+        return [dict(zip(names, row)) for row in rows]
+    except pgerr.ReadOnlySqlTransaction as e:
+        raise refused(str(e).strip().split("\n", 1)[0]) from None
+    except pgerr.InsufficientPrivilege as e:
+        raise translate(e) from None
+    except (pgerr.SyntaxError, pgerr.UndefinedTable, pgerr.UndefinedColumn, pgerr.UndefinedFunction,
+            pgerr.UndefinedObject, psycopg.ProgrammingError, psycopg.DataError,
+            KeyError, TypeError, ValueError) as e:
+        if isinstance(e, pgerr.SyntaxError) and "multiple commands" in str(e):
+            raise several() from None
+        raise InvalidValue(f"db.sql(): {type(e).__name__}: {str(e).strip()}") from None
+    except psycopg.Error as e:
+        raise translate(e) from None
+    finally:
+        _quiet_rollback(raw)  # it wrote nothing; this undoes a set_config() it made
+        store._checkin(raw)
