@@ -7,10 +7,15 @@ has passed is absent to every reader (the WHERE clause says so) and expired
 for good by the first writer that meets it, as on SQLite.
 
 Inside a write transaction (``db.transaction()``, an ``update()`` retry) a
-read locks the key's row until the transaction ends (FOR UPDATE): on SQLite
-a transaction holds the file's write lock, so what it read cannot change
-under it; here the rows it read cannot. A key it found absent is not locked
-(``put(..., if_version=0)`` says whether someone created it meanwhile).
+read of a key locks it until the transaction ends: on SQLite a transaction
+holds the file's write lock, so what it read cannot change under it; here
+the keys it read cannot. A key with a row has its row locked (FOR UPDATE);
+a key it finds absent has its key lock taken (``kv_read_lock`` in
+``schema_postgres.sql``, sent with the read in one round trip), which every
+writer that would create the key waits for.
+
+"Live" is judged by the read's own time (statement_timestamp()), not by its
+transaction's start: a key that expired during a long block is absent in it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from .store import TXN, Conn
 Row = tuple[Any, ...]
 KEEP = "keep"  # ttl: keep the key's expiry (update, append without ttl), as _kv.KEEP
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
-_LIVE = "(expires_at IS NULL OR expires_at > now())"
+_LIVE = "(expires_at IS NULL OR expires_at > statement_timestamp())"
+_READ_LOCK = "SELECT kv_read_lock(%s, %s, %s)"
 
 
 def _lock(c: Conn, of: str = "") -> str:
@@ -30,9 +36,17 @@ def _lock(c: Conn, of: str = "") -> str:
     return f" FOR UPDATE{of}" if c.mode is TXN else ""
 
 
+def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> Any:
+    """One read of a key: inside a write transaction, after its lock (kv_read_lock)."""
+    if c.mode is TXN:
+        return c.execute_after(_READ_LOCK, (kind, sid, key), sql, params)
+    return c.execute(sql, params)
+
+
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
-    row = c.execute(
+    row = _read(
+        c, kind, sid, key,
         f"""SELECT type, value::text, data, version,
                    CASE WHEN type = 'list' THEN
                      (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
@@ -87,7 +101,8 @@ def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | No
 
 def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None:
     """(expires_at as unix time,) of a live key, or None when absent."""
-    return c.execute(
+    return _read(
+        c, kind, sid, key,
         f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
         {"kind": kind, "sid": sid, "key": key}).fetchone()
 
@@ -95,14 +110,15 @@ def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | 
 def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
                 stop: int | None) -> list[str] | None:
     """Item texts of list[start:stop] in one statement; None when not a list."""
-    rows = c.execute(
+    rows = _read(
+        c, kind, sid, key,
         f"""SELECT k.type, i.item::text FROM kv k
            LEFT JOIN list_item i ON i.list_id = k.list_id
              AND i.idx >= (CASE WHEN %(start)s < 0 THEN k.length + %(start)s ELSE %(start)s END)
              AND i.idx < (CASE WHEN %(stop)s::bigint IS NULL THEN k.length
                                WHEN %(stop)s < 0 THEN k.length + %(stop)s ELSE %(stop)s END)
            WHERE k.kind = %(kind)s AND k.scope_id = %(sid)s AND k.key = %(key)s
-             AND (k.expires_at IS NULL OR k.expires_at > now())
+             AND (k.expires_at IS NULL OR k.expires_at > statement_timestamp())
            ORDER BY i.idx{_lock(c, " OF k")}""",
         {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop}).fetchall()
     if not rows:
@@ -114,7 +130,7 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
 
 def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
-    row = c.execute(f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
+    row = _read(c, kind, sid, key, f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
                     {"kind": kind, "sid": sid, "key": key}).fetchone()
     if row is None:
         return 0

@@ -56,9 +56,29 @@ def schema_text() -> str:
 SCHEMA = schema_text()
 SCHEMA_VERSION = int(re.findall(r"INSERT INTO agentstate_version \(version\) VALUES \((\d+)\);",
                                 SCHEMA)[-1])
+
+
+def schema_function(name: str) -> str:
+    """The CREATE OR REPLACE statement of one function of the schema, for a migration
+    (so that its definition exists once: in the schema)."""
+    m = re.search(rf"^CREATE FUNCTION {name}\(.*?\$\$;$", SCHEMA, re.S | re.M)
+    if m is None:
+        raise LookupError(f"schema_postgres.sql has no function {name}")
+    return "CREATE OR REPLACE" + m.group(0)[len("CREATE"):]
+
+
+def _v1_to_v2(c: psycopg.Connection) -> None:
+    """Issue 26: key locks (versions never reused, reads of absent keys in a transaction
+    lock them), times of the write itself, a feed purged by prefix, fork(upto) overflow."""
+    for name in ("kv_next_version", "kv_key_lock", "kv_read_lock", "kv_put", "kv_delete", "kv_touch",
+                 "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired", "feed_purge_step",
+                 "feed_number", "feed_notify", "run_fork"):
+        c.execute(schema_function(name))
+
+
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
 # one transaction (under the advisory lock) that opens it.
-MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {1: _v1_to_v2}
 
 
 def redact(url: str) -> str:
@@ -275,16 +295,33 @@ class Conn:
         cur.nextset()  # past BEGIN: the statement's rows
         return cur
 
-    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
+    def _take_pending(self) -> list[str]:
         pending, self.pending = self.pending, []
-        self.flushes += 1
+        if pending:
+            self.flushes += 1
         for p in pending:  # open: a BEGIN without its COMMIT
             if p.startswith("BEGIN"):
                 self.open = True
             elif p == "COMMIT":
                 self.open = False
-        self.raw.execute("; ".join(pending))
+        return pending
+
+    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
+        self.raw.execute("; ".join(self._take_pending()))
         return self.raw.execute(query, params)
+
+    def execute_after(self, first: str, first_params: Any, query: Any, params: Any) -> psycopg.Cursor:
+        """``first`` (its result is not wanted) and then the query, in one round trip where
+        their parameters can be written in (a transaction's statements: TXN mode)."""
+        texts = (inline(first, first_params), inline(query, params))
+        if self.mode is not TXN or None in texts:
+            self.execute(first, first_params)
+            return self.execute(query, params)
+        pending = self._take_pending()
+        cur = self.raw.execute("; ".join([*pending, *texts]), prepare=False)  # type: ignore[list-item]
+        for _ in range(len(pending) + 1):
+            cur.nextset()
+        return cur
 
     def begin(self) -> None:
         """Make the statements from here on one transaction (a no-op if they are)."""
