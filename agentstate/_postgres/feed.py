@@ -25,7 +25,13 @@ COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
 
 
 def iso(t: float) -> str:
-    """A unix time as ISO-8601 UTC text (what the server reads as a timestamptz)."""
+    """A unix time as ISO-8601 UTC text (what the server reads as a timestamptz).
+
+    Before 1970 (a prune's cutoff of up to 1e11 seconds ago, past the server's
+    range) it is '-infinity': the store holds nothing older, as on SQLite.
+    """
+    if t < 0:
+        return "-infinity"
     sec, us = divmod(int(t * 1_000_000), 1_000_000)
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{us:06d}Z"
 
