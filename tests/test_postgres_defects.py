@@ -90,7 +90,7 @@ def _recreate(s, op):
     if op == "put_list":
         return s.put("k", ["new"])
     if op == "put_bytes":
-        return s.put_bytes("k", b"new")
+        return s.put_bytes("k", b"\"new\"")
     return s.append("k", ["new"]).version
 
 
