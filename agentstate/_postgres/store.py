@@ -297,8 +297,7 @@ class Conn:
                 pass  # committed: the watchers look again within RECHECK seconds
             return cur
         try:
-            cur = AfterCommit(raw)
-            cur.execute(text, prepare=False)
+            cur = raw.execute(text, prepare=False)
         except UnicodeEncodeError:  # not UTF-8 (lone surrogates): let psycopg say so
             return self._lone(query, params, None)
         except psycopg.Error as e:
@@ -452,6 +451,7 @@ class Store:
 
     def _configure(self, c: psycopg.Connection) -> None:
         self._conns.add(c)
+        c.cursor_factory = AfterCommit  # what follows a COMMIT never fails a committed write
         # One int type for every integer parameter, so a statement is prepared
         # once, whatever the size of the numbers it is called with.
         c.adapters.register_dumper(int, Int8Dumper)
@@ -699,7 +699,7 @@ class _Write:
                 raise translate(exc) from None
             return
         try:  # the changes to the feed, COMMIT, and the wake-up after it: one round trip
-            AfterCommit(raw).execute(f"SELECT feed_flush(); COMMIT; {AFTER_COMMIT}")
+            raw.execute(f"SELECT feed_flush(); COMMIT; {AFTER_COMMIT}")
         except psycopg.Error as e:
             # The COMMIT may have happened; a refusal before it (still in the block) did not.
             unknown = lost_connection(e) or (
