@@ -11,8 +11,8 @@ read of a key locks it until the transaction ends: on SQLite a transaction
 holds the file's write lock, so what it read cannot change under it; here
 the keys it read cannot. A key with a row has its row locked (FOR UPDATE);
 a key it finds absent has its key lock taken (``kv_read_lock`` in
-``schema_postgres.sql``, sent with the read in one round trip), which every
-writer that would create the key waits for.
+``schema_postgres.sql``) and is read again, which every writer that would
+create the key waits for.
 
 "Live" is judged by the read's own time (statement_timestamp()), not by its
 transaction's start: a key that expired during a long block is absent in it.
@@ -36,16 +36,21 @@ def _lock(c: Conn, of: str = "") -> str:
     return f" FOR UPDATE{of}" if c.mode is TXN else ""
 
 
-def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> Any:
-    """One read of a key: inside a write transaction, after its lock (kv_read_lock)."""
-    if c.mode is TXN:
-        return c.execute_after(_READ_LOCK, (kind, sid, key), sql, params)
-    return c.execute(sql, params)
+def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> list[Row]:
+    """The rows of one read of a key. Inside a write transaction, a key found stays
+    locked (FOR UPDATE); one found absent gets its key lock (kv_read_lock) and is read
+    again, in a new snapshot, since it may have been created meanwhile. (Two more
+    round trips, for an absent key only.)"""
+    rows = c.execute(sql, params).fetchall()
+    if rows or c.mode is not TXN:
+        return rows
+    c.execute(_READ_LOCK, (kind, sid, key))
+    return c.execute(sql, params).fetchall()
 
 
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
-    row = _read(
+    rows = _read(
         c, kind, sid, key,
         f"""SELECT type, value::text, data, version,
                    CASE WHEN type = 'list' THEN
@@ -53,10 +58,10 @@ def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
                       WHERE list_id = kv.list_id)
                    END
             FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}""",
-        {"kind": kind, "sid": sid, "key": key}).fetchone()
-    if row is None:
+        {"kind": kind, "sid": sid, "key": key})
+    if not rows:
         return None
-    type_, text, data, version, items = row
+    type_, text, data, version, items = rows[0]
     return type_, data if type_ == "bytes" else text, version, items
 
 
@@ -101,10 +106,11 @@ def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | No
 
 def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None:
     """(expires_at as unix time,) of a live key, or None when absent."""
-    return _read(
+    rows = _read(
         c, kind, sid, key,
         f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
-        {"kind": kind, "sid": sid, "key": key}).fetchone()
+        {"kind": kind, "sid": sid, "key": key})
+    return rows[0] if rows else None
 
 
 def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
@@ -120,7 +126,7 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
            WHERE k.kind = %(kind)s AND k.scope_id = %(sid)s AND k.key = %(key)s
              AND (k.expires_at IS NULL OR k.expires_at > statement_timestamp())
            ORDER BY i.idx{_lock(c, " OF k")}""",
-        {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop}).fetchall()
+        {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop})
     if not rows:
         return []
     if rows[0][0] != "list":
@@ -130,11 +136,11 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
 
 def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
-    row = _read(c, kind, sid, key, f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
-                    {"kind": kind, "sid": sid, "key": key}).fetchone()
-    if row is None:
+    rows = _read(c, kind, sid, key, f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
+                 {"kind": kind, "sid": sid, "key": key})
+    if not rows:
         return 0
-    return row[1] if row[0] == "list" else None
+    return rows[0][1] if rows[0][0] == "list" else None
 
 
 def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,

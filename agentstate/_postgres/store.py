@@ -311,33 +311,16 @@ class Conn:
         cur.nextset()  # past BEGIN: the statement's rows
         return cur
 
-    def _take_pending(self) -> list[str]:
+    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
         pending, self.pending = self.pending, []
-        if pending:
-            self.flushes += 1
+        self.flushes += 1
         for p in pending:  # open: a BEGIN without its COMMIT
             if p.startswith("BEGIN"):
                 self.open = True
             elif p == "COMMIT":
                 self.open = False
-        return pending
-
-    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
-        self.raw.execute("; ".join(self._take_pending()))
+        self.raw.execute("; ".join(pending))
         return self.raw.execute(query, params)
-
-    def execute_after(self, first: str, first_params: Any, query: Any, params: Any) -> psycopg.Cursor:
-        """``first`` (its result is not wanted) and then the query, in one round trip where
-        their parameters can be written in (a transaction's statements: TXN mode)."""
-        texts = (inline(first, first_params), inline(query, params))
-        if self.mode is not TXN or None in texts:
-            self.execute(first, first_params)
-            return self.execute(query, params)
-        pending = self._take_pending()
-        cur = self.raw.execute("; ".join([*pending, *texts]), prepare=False)  # type: ignore[list-item]
-        for _ in range(len(pending) + 1):
-            cur.nextset()
-        return cur
 
     def begin(self) -> None:
         """Make the statements from here on one transaction (a no-op if they are)."""
