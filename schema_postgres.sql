@@ -488,7 +488,8 @@ BEGIN
         RETURN;
     END IF;
     LOCK TABLE kv IN ROW EXCLUSIVE MODE;
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_kind || '/' || p_sid || '/' || p_key, 26));
+    PERFORM pg_advisory_xact_lock(  -- the schema too: stores in one database wait not for each other
+        hashtextextended(current_schema() || '/' || p_kind || '/' || p_sid || '/' || p_key, 26));
     PERFORM set_config('agentstate.key_locks', (v_held + 1)::text, true);
 END $$;
 
