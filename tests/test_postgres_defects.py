@@ -161,6 +161,32 @@ def test_a_block_that_read_an_absent_key_loses_no_update(db, admin, other, final
     assert s.get("ctr") == final
 
 
+@pytest.mark.parametrize("other", ["block", "update"])
+def test_a_block_past_its_key_locks_still_loses_no_update(db, admin, other):
+    """The same for a block that read hundreds of absent keys first (and so holds the
+    whole key table instead of a lock per key)."""
+    s = db.scope("app", "a")
+    read, release = threading.Event(), threading.Event()
+
+    def block():
+        with db.transaction():
+            for i in range(300):
+                s.get(f"absent{i}")
+            n = s.get("ctr", 0)
+            read.set()
+            assert release.wait(WAIT)
+            s.put("ctr", n + 1)
+
+    first = started(block)
+    assert read.wait(WAIT)
+    second = started(_other_writer, db, other)
+    wait_blocked(admin, 1, second)
+    release.set()
+    first.join_ok()
+    second.join_ok()
+    assert s.get("ctr") == 2
+
+
 def _count_in_blocks(url: str, rounds: int, start) -> None:
     db = agentstate.open(url, busy_timeout=WAIT)
     s = db.scope("app", "a")
