@@ -799,7 +799,10 @@ class NotifyWaiter:
     NOTIFY right after its COMMIT, in a transaction of its own; one that dies
     in between sends none, so ``wait`` also returns after RECHECK seconds
     without one: a watcher looks again at least that often, and a change
-    whose wake-up was lost is seen within RECHECK seconds.
+    whose wake-up was lost is seen within RECHECK seconds. Idle in the
+    store's pool it is parked (UNLISTEN): the server keeps a notification
+    until every listener has read it, in a queue shared by every database on
+    the server, and nobody reads an idle waiter's.
     """
 
     def __init__(self, store: Store) -> None:
