@@ -13,9 +13,10 @@
 -- are timestamptz from the server's clock; keys and ids sort bytewise
 -- (COLLATE "C"), as on SQLite. Every write is one call of a function below,
 -- so a write is one round trip and one statement; the functions lock rows
--- (SELECT ... FOR UPDATE, ON CONFLICT), never tables, and no row or lock is
--- shared by all writers: writers of different keys, runs and sessions commit
--- side by side. (The change feed's order is settled by its readers: see
+-- (SELECT ... FOR UPDATE, ON CONFLICT) and keys without a row (kv_key_lock),
+-- not tables (but for a transaction of hundreds of key locks: kv_key_lock),
+-- and no row or lock is shared by all writers: writers of different keys,
+-- runs and sessions commit side by side. (The change feed's order is settled by its readers: see
 -- feed_sequence. What writers do share is held for a moment, never through
 -- a COMMIT: a sequence's next value, and the NOTIFY sent after the COMMIT.)
 --
@@ -404,7 +405,7 @@ BEGIN
     FROM moved;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN  -- else nothing is written (the fence waits for the next numbering)
-        UPDATE feed_head SET last = v_last + v_n, at = now(), fence = greatest(fence, v_fence);
+        UPDATE feed_head SET last = v_last + v_n, at = clock_timestamp(), fence = greatest(fence, v_fence);
     END IF;
     RETURN v_last + v_n;
 END $$;
@@ -428,7 +429,7 @@ BEGIN
     END IF;
     PERFORM set_config('agentstate.notify', '', false);
     IF v_mark = 'tidy' AND feed_pending()
-       AND EXISTS (SELECT 1 FROM feed_head WHERE at < now() - interval '1 second') THEN
+       AND EXISTS (SELECT 1 FROM feed_head WHERE at < clock_timestamp() - interval '1 second') THEN
         BEGIN
             IF pg_try_advisory_xact_lock(feed_lock_key()) THEN
                 PERFORM feed_number();
@@ -456,60 +457,102 @@ BEGIN
 END $$;
 
 -- The version a created key gets: above any it had before a delete or expiry.
+-- Read in a statement that starts after every lock its writer waited for (a
+-- statement's snapshot is taken at its start), so a delete it waited for is seen.
 CREATE FUNCTION kv_next_version(p_kind text, p_sid text, p_key text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT 1 + coalesce((SELECT version FROM kv_deleted
                          WHERE kind = p_kind AND scope_id = p_sid AND key = p_key), 0)
 $$;
 
+-- The lock of a key that has no row: held until the end of the transaction by
+-- a write that creates the key, and by a read inside a write transaction that
+-- finds it absent (kv_read_lock), so that such a read stays true until that
+-- transaction ends (a row lock cannot: there is no row to lock). An advisory
+-- lock on a hash of the key (a collision only makes two keys wait for each
+-- other). Advisory locks fill the server's lock table, shared by every
+-- database on it (64 per connection by default), so a transaction that has
+-- taken 256 takes the whole kv table instead (SHARE ROW EXCLUSIVE: no other
+-- transaction writes a key, or reads one as absent, until it ends); every
+-- taker of a key lock holds ROW EXCLUSIVE on kv first, so it waits for that.
+CREATE FUNCTION kv_key_lock(p_kind text, p_sid text, p_key text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_held integer := coalesce(nullif(current_setting('agentstate.key_locks', true), ''), '0')::integer;
+BEGIN
+    IF v_held < 0 THEN  -- this transaction holds the whole table
+        RETURN;
+    END IF;
+    IF v_held >= 256 THEN
+        LOCK TABLE kv IN SHARE ROW EXCLUSIVE MODE;
+        PERFORM set_config('agentstate.key_locks', '-1', true);
+        RETURN;
+    END IF;
+    LOCK TABLE kv IN ROW EXCLUSIVE MODE;
+    PERFORM pg_advisory_xact_lock(  -- the schema too: stores in one database wait not for each other
+        hashtextextended(current_schema() || '/' || p_kind || '/' || p_sid || '/' || p_key, 26));
+    PERFORM set_config('agentstate.key_locks', (v_held + 1)::text, true);
+END $$;
+
+-- What a read inside a write transaction takes before it reads (the read
+-- itself is the next statement, with a snapshot taken after this one's
+-- waits): the key's row lock, or, for a key with no live row, its key lock.
+CREATE FUNCTION kv_read_lock(p_kind text, p_sid text, p_key text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key
+                        AND (expires_at IS NULL OR expires_at > clock_timestamp()) FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM kv_key_lock(p_kind, p_sid, p_key);
+    END IF;
+END $$;
+
 -- Write a value (p_items: a list's item texts); the new version.
--- p_ttl: seconds from now, or NULL (never); p_keep: keep the key's expiry.
+-- p_ttl: seconds from the write, or NULL (never); p_keep: keep the key's expiry.
+-- Times are the write's own (clock_timestamp() once the row is locked), not
+-- its transaction's start: a write late in a long transaction() block
+-- expires p_ttl seconds after it, and sees a key that expired meanwhile as absent.
 CREATE FUNCTION kv_put(p_kind text, p_sid text, p_key text, p_type text, p_value json, p_data bytea,
                        p_size bigint, p_items text[], p_if_version bigint, p_ttl double precision,
                        p_keep boolean) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    v_expires timestamptz := CASE WHEN p_ttl IS NULL OR p_keep THEN NULL
-                                  ELSE now() + p_ttl * interval '1 second' END;
+    v_now     timestamptz;
+    v_expires timestamptz;
     v_version bigint;
     v_list    bigint;
     v_length  bigint;
+    v_locked  boolean := false;
     r         kv;
     ch        change_row[] := '{}';
 BEGIN
-    IF p_items IS NULL THEN  -- one statement, unless a list or an expired row is replaced or CAS failed
-        IF p_if_version IS NULL AND NOT p_keep THEN
-            INSERT INTO kv AS k (kind, scope_id, key, version, type, value, data, size, updated_at, expires_at)
-            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
-                    p_size, clock_timestamp(), v_expires)
-            ON CONFLICT (kind, scope_id, key) DO UPDATE
-            SET version = k.version + 1, type = excluded.type, value = excluded.value, data = excluded.data,
-                size = excluded.size, updated_at = excluded.updated_at, expires_at = excluded.expires_at
-            WHERE k.type <> 'list' AND (k.expires_at IS NULL OR k.expires_at > now())
-            RETURNING version INTO v_version;
-        ELSIF p_if_version = 0 THEN
-            INSERT INTO kv (kind, scope_id, key, version, type, value, data, size, updated_at, expires_at)
-            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
-                    p_size, clock_timestamp(), v_expires)
-            ON CONFLICT (kind, scope_id, key) DO NOTHING
-            RETURNING version INTO v_version;
-        ELSIF p_if_version IS NOT NULL THEN
-            UPDATE kv SET version = version + 1, type = p_type, value = p_value, data = p_data, size = p_size,
-                          updated_at = clock_timestamp(),
-                          expires_at = CASE WHEN p_keep THEN expires_at ELSE v_expires END
-            WHERE kind = p_kind AND scope_id = p_sid AND key = p_key AND version = p_if_version
-              AND type <> 'list' AND (expires_at IS NULL OR expires_at > now())
-            RETURNING version INTO v_version;
-        END IF;
+    IF p_items IS NULL AND p_if_version IS DISTINCT FROM 0 THEN
+        -- A live key that is not a list: one statement (clock_timestamp() is read
+        -- for the row once it is locked, after any wait).
+        UPDATE kv SET version = version + 1, type = p_type, value = p_value, data = p_data, size = p_size,
+                      updated_at = clock_timestamp(),
+                      expires_at = CASE WHEN p_keep THEN expires_at
+                                        ELSE clock_timestamp() + p_ttl * interval '1 second' END
+        WHERE kind = p_kind AND scope_id = p_sid AND key = p_key
+          AND (p_if_version IS NULL OR version = p_if_version)
+          AND type <> 'list' AND (expires_at IS NULL OR expires_at > clock_timestamp())
+        RETURNING version INTO v_version;
         IF v_version IS NOT NULL THEN
             PERFORM feed_add(ARRAY[ROW('kv', 'put', p_kind, p_sid, p_key, v_version, NULL, NULL)::change_row]);
             RETURN v_version;
         END IF;
     END IF;
-    LOOP  -- again only when another writer created the key meanwhile
+    LOOP  -- again after taking the key lock, or when another writer created the key meanwhile
         SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
-        IF r.expires_at <= now() THEN
+        v_now := clock_timestamp();
+        IF r.expires_at <= v_now THEN
             ch := ch || kv_remove(r, 'expire');
             r := NULL;
+        END IF;
+        IF r.version IS NULL AND NOT v_locked THEN
+            -- Absent: wait for whoever holds the key lock (a creator, or a reader
+            -- that found it absent), then look again in a new snapshot, which
+            -- sees the delete or creation it waited for.
+            PERFORM kv_key_lock(p_kind, p_sid, p_key);
+            v_locked := true;
+            CONTINUE;
         END IF;
         IF p_if_version IS NOT NULL AND p_if_version <> coalesce(r.version, 0) THEN
             PERFORM agentstate_error('VersionConflict',
@@ -517,6 +560,7 @@ BEGIN
                        p_kind, p_sid, p_key, p_if_version, coalesce(r.version, 0)),
                 coalesce(r.version, 0)::text);
         END IF;
+        v_expires := CASE WHEN p_keep THEN r.expires_at ELSE v_now + p_ttl * interval '1 second' END;
         IF r.list_id IS NOT NULL THEN
             DELETE FROM list_item WHERE list_id = r.list_id;
         END IF;
@@ -530,15 +574,15 @@ BEGIN
             INSERT INTO kv (kind, scope_id, key, version, type, value, data, list_id, length, size,
                             updated_at, expires_at)
             VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
-                    v_list, v_length, p_size, clock_timestamp(), v_expires)
+                    v_list, v_length, p_size, v_now, v_expires)
             ON CONFLICT (kind, scope_id, key) DO NOTHING
             RETURNING version INTO v_version;
             CONTINUE WHEN v_version IS NULL;
         ELSE
             v_version := r.version + 1;
             UPDATE kv SET version = v_version, type = p_type, value = p_value, data = p_data,
-                          list_id = v_list, length = v_length, size = p_size, updated_at = clock_timestamp(),
-                          expires_at = CASE WHEN p_keep THEN expires_at ELSE v_expires END
+                          list_id = v_list, length = v_length, size = p_size, updated_at = v_now,
+                          expires_at = v_expires
             WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
         END IF;
         IF p_items IS NOT NULL THEN
@@ -560,7 +604,7 @@ DECLARE
     ch change_row[] := '{}';
 BEGIN
     SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
-    IF r.expires_at <= now() THEN
+    IF r.expires_at <= clock_timestamp() THEN
         ch := ch || kv_remove(r, 'expire');
         r := NULL;
     END IF;
@@ -578,14 +622,16 @@ BEGIN
 END $$;
 
 -- Set a live key's expiry p_ttl seconds from now (NULL: never), value and
--- version unchanged; its version, or NULL when absent.
+-- version unchanged; its version, or NULL when absent. (clock_timestamp(), as
+-- every write's time: read for the row once it is locked.)
 CREATE FUNCTION kv_touch(p_kind text, p_sid text, p_key text, p_ttl double precision)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_version bigint;
 BEGIN
-    UPDATE kv SET expires_at = CASE WHEN p_ttl IS NULL THEN NULL ELSE now() + p_ttl * interval '1 second' END
-    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key AND (expires_at IS NULL OR expires_at > now())
+    UPDATE kv SET expires_at = clock_timestamp() + p_ttl * interval '1 second'  -- NULL when p_ttl is
+    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key
+      AND (expires_at IS NULL OR expires_at > clock_timestamp())
     RETURNING version INTO v_version;
     IF v_version IS NOT NULL THEN
         PERFORM feed_add(ARRAY[ROW('kv', 'touch', p_kind, p_sid, p_key, v_version, NULL, NULL)::change_row]);
@@ -601,18 +647,27 @@ CREATE FUNCTION kv_append(p_kind text, p_sid text, p_key text, p_items text[], p
 LANGUAGE plpgsql AS $$
 DECLARE
     v_n       bigint := cardinality(p_items);
-    v_expires timestamptz := now() + p_ttl * interval '1 second';  -- NULL when p_ttl is NULL
+    v_now     timestamptz;
+    v_expires timestamptz;
+    v_locked  boolean := false;
     v_length  bigint;
     v_size    bigint;
     v_list    bigint;
     r         kv;
     ch        change_row[] := '{}';
 BEGIN
-    LOOP  -- again only when another writer created the key meanwhile
+    LOOP  -- again after taking the key lock, or when another writer created the key meanwhile
         SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
-        IF r.expires_at <= now() THEN
+        v_now := clock_timestamp();  -- the write's own time (as kv_put's)
+        v_expires := v_now + p_ttl * interval '1 second';  -- NULL when p_ttl is NULL
+        IF r.expires_at <= v_now THEN
             ch := ch || kv_remove(r, 'expire');
             r := NULL;
+        END IF;
+        IF r.version IS NULL AND NOT v_locked THEN  -- absent: as in kv_put
+            PERFORM kv_key_lock(p_kind, p_sid, p_key);
+            v_locked := true;
+            CONTINUE;
         END IF;
         IF r.version IS NULL THEN
             v_length := 0;
@@ -647,7 +702,7 @@ BEGIN
             v_list := nextval('list_seq');
             INSERT INTO kv (kind, scope_id, key, version, type, list_id, length, size, updated_at, expires_at)
             VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), 'list', v_list, v_n, v_size,
-                    clock_timestamp(), v_expires)
+                    v_now, v_expires)
             ON CONFLICT (kind, scope_id, key) DO NOTHING
             RETURNING version INTO o_version;
             CONTINUE WHEN o_version IS NULL;
@@ -655,7 +710,7 @@ BEGIN
             v_list := r.list_id;
             o_version := r.version + 1;
             UPDATE kv SET version = o_version, length = v_length + v_n, size = v_size,
-                          updated_at = clock_timestamp(),
+                          updated_at = v_now,
                           expires_at = CASE WHEN p_ttl IS NULL THEN expires_at ELSE v_expires END
             WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
         END IF;
@@ -681,7 +736,7 @@ DECLARE
 BEGIN
     o_items := '{}';
     SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
-    IF r.expires_at <= now() THEN
+    IF r.expires_at <= clock_timestamp() THEN
         ch := ch || kv_remove(r, 'expire');
         r := NULL;
     END IF;
@@ -718,7 +773,7 @@ DECLARE
     ch change_row[] := '{}';
 BEGIN
     FOR r IN SELECT * FROM kv WHERE kind = p_kind AND scope_id = p_sid ORDER BY key FOR UPDATE LOOP
-        ch := ch || kv_remove(r, CASE WHEN r.expires_at <= now() THEN 'expire' ELSE 'delete' END);
+        ch := ch || kv_remove(r, CASE WHEN r.expires_at <= clock_timestamp() THEN 'expire' ELSE 'delete' END);
     END LOOP;
     RETURN ch;
 END $$;
@@ -727,10 +782,11 @@ END $$;
 -- keys another writer holds: it settles them itself); their changes.
 CREATE FUNCTION kv_purge_expired(p_batch bigint) RETURNS change_row[] LANGUAGE plpgsql AS $$
 DECLARE
-    r  kv;
-    ch change_row[] := '{}';
+    v_now timestamptz := clock_timestamp();  -- a parameter of the query: kv_expiry bounds the scan
+    r     kv;
+    ch    change_row[] := '{}';
 BEGIN
-    FOR r IN SELECT * FROM kv WHERE expires_at <= now() ORDER BY expires_at LIMIT p_batch
+    FOR r IN SELECT * FROM kv WHERE expires_at <= v_now ORDER BY expires_at LIMIT p_batch
              FOR UPDATE SKIP LOCKED LOOP
         ch := ch || kv_remove(r, 'expire');
     END LOOP;
@@ -870,7 +926,7 @@ BEGIN
         PERFORM agentstate_error('HistoryGap',
             format('run %L was trimmed: its history starts at seq %s, after upto=%s', p_src, v_first, p_upto));
     END IF;
-    v_end := CASE WHEN p_upto IS NULL THEN v_next ELSE least(p_upto + 1, v_next) END;
+    v_end := CASE WHEN p_upto IS NULL THEN v_next ELSE least(p_upto, v_next - 1) + 1 END;  -- no overflow
     INSERT INTO run (id, snapshot, next_seq, first_seq, created_at, updated_at)
     VALUES (p_new, v_snapshot, v_end, v_first, v_now, v_now)
     ON CONFLICT (id) DO NOTHING;
@@ -973,20 +1029,24 @@ BEGIN
              ELSE t.status END));
 END $$;
 
--- The bounded purge: up to p_batch feed rows past the retention (the oldest
--- only: seqs rise with time, so a step never scans the feed) and up to
+-- The bounded purge: up to p_batch feed rows past the retention and up to
 -- p_batch expired keys; the expired keys' changes, and how many rows went.
+-- Feed rows go from the oldest seq on, up to the first one still within the
+-- retention: seqs follow commit order, not `at` (a commit that waited gets a
+-- higher seq with an older `at`), so the feed kept is always every seq from
+-- its first one on, and a reader's "oldest kept" check (feed.scan) holds.
 -- (604800: the default feed_retention, as in agentstate/_feed.py.)
 CREATE FUNCTION feed_purge_step(p_batch bigint, OUT o_changes change_row[], OUT o_rows bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_retention bigint := coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800);
+    v_cutoff    timestamptz := clock_timestamp() - v_retention * interval '1 second';
+    v_bound     bigint;
 BEGIN
+    SELECT coalesce(min(seq) FILTER (WHERE at >= v_cutoff), max(seq) + 1)
+    INTO v_bound FROM (SELECT seq, at FROM change ORDER BY seq LIMIT p_batch) first_rows;
     DELETE FROM change WHERE seq IN (  -- rows another purge holds are its to delete
-        SELECT seq FROM change
-        WHERE seq IN (SELECT seq FROM change ORDER BY seq LIMIT p_batch)
-          AND at < now() - v_retention * interval '1 second'
-        FOR UPDATE SKIP LOCKED);
+        SELECT seq FROM change WHERE seq < v_bound FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS o_rows = ROW_COUNT;
     o_changes := kv_purge_expired(p_batch);
     o_rows := o_rows + cardinality(o_changes);
@@ -1045,4 +1105,4 @@ SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.t
        n.scope_id, n.key, n.version, n.start, n.count
 FROM change_new n CROSS JOIN feed_head h;
 
-INSERT INTO agentstate_version (version) VALUES (1);
+INSERT INTO agentstate_version (version) VALUES (2);

@@ -17,7 +17,7 @@ from agentstate import (NOT_RUN, CallFailed, CallInProgress, InDoubt, InvalidTra
                         InvalidValue, LeaseLost, RunNotFound)
 
 from . import callworkers
-from .conftest import digest, on_postgres, target
+from .conftest import digest, target
 
 
 @pytest.fixture

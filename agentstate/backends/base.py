@@ -62,7 +62,14 @@ def now_iso() -> str:
 
 
 def iso(t: float) -> str:
-    """A unix time as the store's ISO-8601 UTC text (comparable with now_iso())."""
+    """A unix time as the store's ISO-8601 UTC text (comparable with now_iso()).
+
+    Before 1970 (a prune's cutoff of up to 1e11 seconds ago) it is '-infinity': the
+    store holds nothing older, it sorts before every time as text, and PostgreSQL reads
+    it as a timestamptz.
+    """
+    if t < 0:
+        return "-infinity"
     sec, us = divmod(int(t * 1_000_000), 1_000_000)
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{us:06d}Z"
 

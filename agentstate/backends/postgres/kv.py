@@ -7,10 +7,15 @@ has passed is absent to every reader (the WHERE clause says so) and expired
 for good by the first writer that meets it, as on SQLite.
 
 Inside a write transaction (``db.transaction()``, an ``update()`` retry) a
-read locks the key's row until the transaction ends (FOR UPDATE): on SQLite
-a transaction holds the file's write lock, so what it read cannot change
-under it; here the rows it read cannot. A key it found absent is not locked
-(``put(..., if_version=0)`` says whether someone created it meanwhile).
+read of a key locks it until the transaction ends: on SQLite a transaction
+holds the file's write lock, so what it read cannot change under it; here
+the keys it read cannot. A key with a row has its row locked (FOR UPDATE);
+a key it finds absent has its key lock taken (``kv_read_lock`` in
+``schema_postgres.sql``) and is read again, which every writer that would
+create the key waits for.
+
+"Live" is judged by the read's own time (statement_timestamp()), not by its
+transaction's start: a key that expired during a long block is absent in it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from .store import TXN, Conn
 
 Row = tuple[Any, ...]
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
-_LIVE = "(expires_at IS NULL OR expires_at > now())"
+_LIVE = "(expires_at IS NULL OR expires_at > statement_timestamp())"
+_READ_LOCK = "SELECT kv_read_lock(%s, %s, %s)"
 
 
 def _lock(c: Conn, of: str = "") -> str:
@@ -30,19 +36,32 @@ def _lock(c: Conn, of: str = "") -> str:
     return f" FOR UPDATE{of}" if c.mode is TXN else ""
 
 
+def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> list[Row]:
+    """The rows of one read of a key. Inside a write transaction, a key found stays
+    locked (FOR UPDATE); one found absent gets its key lock (kv_read_lock) and is read
+    again, in a new snapshot, since it may have been created meanwhile. (Two more
+    round trips, for an absent key only.)"""
+    rows = c.execute(sql, params).fetchall()
+    if rows or c.mode is not TXN:
+        return rows
+    c.execute(_READ_LOCK, (kind, sid, key))
+    return c.execute(sql, params).fetchall()
+
+
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
-    row = c.execute(
+    rows = _read(
+        c, kind, sid, key,
         f"""SELECT type, value::text, data, version,
                    CASE WHEN type = 'list' THEN
                      (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
                       WHERE list_id = kv.list_id)
                    END
             FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}""",
-        {"kind": kind, "sid": sid, "key": key}).fetchone()
-    if row is None:
+        {"kind": kind, "sid": sid, "key": key})
+    if not rows:
         return None
-    type_, text, data, version, items = row
+    type_, text, data, version, items = rows[0]
     return type_, data if type_ == "bytes" else text, version, items
 
 
@@ -87,24 +106,27 @@ def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | No
 
 def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | None:
     """(expires_at as unix time,) of a live key, or None when absent."""
-    return c.execute(
+    rows = _read(
+        c, kind, sid, key,
         f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
-        {"kind": kind, "sid": sid, "key": key}).fetchone()
+        {"kind": kind, "sid": sid, "key": key})
+    return rows[0] if rows else None
 
 
 def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
                 stop: int | None) -> list[str] | None:
     """Item texts of list[start:stop] in one statement; None when not a list."""
-    rows = c.execute(
+    rows = _read(
+        c, kind, sid, key,
         f"""SELECT k.type, i.item::text FROM kv k
            LEFT JOIN list_item i ON i.list_id = k.list_id
              AND i.idx >= (CASE WHEN %(start)s < 0 THEN k.length + %(start)s ELSE %(start)s END)
              AND i.idx < (CASE WHEN %(stop)s::bigint IS NULL THEN k.length
                                WHEN %(stop)s < 0 THEN k.length + %(stop)s ELSE %(stop)s END)
            WHERE k.kind = %(kind)s AND k.scope_id = %(sid)s AND k.key = %(key)s
-             AND (k.expires_at IS NULL OR k.expires_at > now())
+             AND (k.expires_at IS NULL OR k.expires_at > statement_timestamp())
            ORDER BY i.idx{_lock(c, " OF k")}""",
-        {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop}).fetchall()
+        {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop})
     if not rows:
         return []
     if rows[0][0] != "list":
@@ -114,11 +136,11 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
 
 def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
-    row = c.execute(f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
-                    {"kind": kind, "sid": sid, "key": key}).fetchone()
-    if row is None:
+    rows = _read(c, kind, sid, key, f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
+                 {"kind": kind, "sid": sid, "key": key})
+    if not rows:
         return 0
-    return row[1] if row[0] == "list" else None
+    return rows[0][1] if rows[0][0] == "list" else None
 
 
 def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,

@@ -15,7 +15,12 @@ from ..base import effective_status, turn_live
 from .store import Conn
 
 Row = tuple[Any, ...]
-TURN_COLUMNS = ("t.id, t.session_id, t.n, t.status, t.input::text, t.request::text, "
+# Turn rows carry the status as it reads now on the server's clock (the store's clock,
+# SPEC §11): a leased status whose lease lapsed is 'expired' (see _turnstate).
+STATUS_BY_STORE = True
+TURN_COLUMNS = ("t.id, t.session_id, t.n, "
+                "CASE WHEN t.status IN ('queued', 'running', 'resuming') AND t.lease_until < clock_timestamp() "
+                "THEN 'expired' ELSE t.status END, t.input::text, t.request::text, "
                 "t.decision::text, t.result::text, t.error, "
                 "extract(epoch FROM t.lease_until)::float8, iso_utc(t.created_at), "
                 "iso_utc(t.updated_at), t.lease")
@@ -54,18 +59,33 @@ def delete(c: Conn, session_id: str) -> None:
     c.execute("SELECT session_delete(%s)", (session_id,))
 
 
-def idle(c: Conn, cutoff: str, now: float) -> list[str]:
-    """Sessions with no turn started since ``cutoff`` and none queued, running or resuming
-    (with a live lease), oldest first."""
-    c.begin()
-    return [r[0] for r in c.execute(
-        """SELECT s.id FROM session s
+_IDLE = """SELECT s.id FROM session s
            WHERE coalesce((SELECT max(created_at) FROM turn WHERE session_id = s.id), s.created_at)
-                 < %s::timestamptz
+                 < %(cutoff)s::timestamptz
              AND NOT EXISTS (SELECT 1 FROM turn WHERE session_id = s.id
                              AND status IN ('queued', 'running', 'resuming')
-                             AND lease_until >= to_timestamp(%s))
-           ORDER BY s.created_at, s.id""", (cutoff, now)).fetchall()]
+                             AND lease_until >= clock_timestamp()){only}
+           ORDER BY s.created_at, s.id"""
+
+
+def idle(c: Conn, cutoff: str, now: float) -> list[str]:
+    """Sessions with no turn started since ``cutoff`` and none queued, running or resuming
+    (with a live lease), oldest first; locked, so they stay so until the caller deletes them.
+
+    The first look locks nothing; the sessions it finds are then locked (a turn
+    starts under its session's lock: turn_start) with their turns (a resume
+    holds its turn's), and looked at again in a new snapshot, which sees any
+    turn that started or resumed meanwhile. (``now``: the server's clock is read
+    in SQL instead.)
+    """
+    c.begin()
+    found = [r[0] for r in c.execute(_IDLE.format(only=""), {"cutoff": cutoff}).fetchall()]
+    if not found:
+        return []
+    c.execute("SELECT 1 FROM session WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (found,))
+    c.execute("SELECT 1 FROM turn WHERE session_id = ANY(%s) ORDER BY id FOR UPDATE", (found,))
+    return [r[0] for r in c.execute(_IDLE.format(only=" AND s.id = ANY(%(found)s)"),
+                                    {"cutoff": cutoff, "found": found}).fetchall()]
 
 
 def start(c: Conn, turn_id: str, session_id: str, status: str, input_: str | None,

@@ -22,6 +22,7 @@ import select
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -57,9 +58,29 @@ def schema_text() -> str:
 SCHEMA = schema_text()
 SCHEMA_VERSION = int(re.findall(r"INSERT INTO agentstate_version \(version\) VALUES \((\d+)\);",
                                 SCHEMA)[-1])
+
+
+def schema_function(name: str) -> str:
+    """The CREATE OR REPLACE statement of one function of the schema, for a migration
+    (so that its definition exists once: in the schema)."""
+    m = re.search(rf"^CREATE FUNCTION {name}\(.*?\$\$;$", SCHEMA, re.S | re.M)
+    if m is None:
+        raise LookupError(f"schema_postgres.sql has no function {name}")
+    return "CREATE OR REPLACE" + m.group(0)[len("CREATE"):]
+
+
+def _v1_to_v2(c: psycopg.Connection) -> None:
+    """Issue 26: key locks (versions never reused, reads of absent keys in a transaction
+    lock them), times of the write itself, a feed purged by prefix, fork(upto) overflow."""
+    for name in ("kv_next_version", "kv_key_lock", "kv_read_lock", "kv_put", "kv_delete", "kv_touch",
+                 "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired", "feed_purge_step",
+                 "feed_number", "feed_notify", "run_fork"):
+        c.execute(schema_function(name))
+
+
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
 # one transaction (under the advisory lock) that opens it.
-MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {1: _v1_to_v2}
 
 
 def redact(url: str) -> str:
@@ -140,6 +161,21 @@ SAVEPOINT, RELEASE = "SAVEPOINT w", "RELEASE SAVEPOINT w"
 _PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?s|%%")
 _SPLIT: dict[str, list[str | tuple[str | int]]] = {}  # query -> text pieces and placeholders
 _FLOATS = {float("inf"): "'Infinity'::float8", float("-inf"): "'-Infinity'::float8"}
+
+
+class AfterCommit(psycopg.Cursor):
+    """The cursor of ``...; COMMIT; SELECT feed_notify()``: the wake-up sent after a
+    COMMIT may fail (a lock timeout waiting for the server's NOTIFY lock, a full
+    notification queue) without making the committed write an error: its error is
+    dropped and the results before it stand (watchers look again within RECHECK
+    seconds). An error before the COMMIT skips it, so a COMMIT result means committed.
+    (Overrides psycopg's private check of a query's results.)"""
+
+    def _check_results(self, results: list[Any]) -> None:
+        if (len(results) >= 2 and results[-1].status == psycopg.pq.ExecStatus.FATAL_ERROR
+                and results[-2].command_status == b"COMMIT"):
+            del results[-1]
+        super()._check_results(results)
 
 
 class _NotInline(Exception):
@@ -298,6 +334,32 @@ class Conn:
 
 # -- the store ------------------------------------------------------------------
 
+# Every connection is opened so: UTF-8 whatever PGCLIENTENCODING says (values are Unicode).
+CONNECT = {"autocommit": True, "client_encoding": "UTF8"}
+
+# The open stores of this process, and what a fork()ed child inherited of them:
+# kept, so that garbage collection never closes them (see Store._after_fork).
+_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_abandoned: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_stores):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_encoding(c: psycopg.Connection, where: str) -> None:
+    """Refuse a database that cannot hold every value (any Unicode text)."""
+    encoding = c.execute("SHOW server_encoding").fetchone()[0]
+    if encoding != "UTF8":
+        raise StorageError(
+            f"{where}: the database's encoding is {encoding}, which cannot hold every value: "
+            "agentstate needs a UTF8 database (CREATE DATABASE name ENCODING 'UTF8' "
+            "TEMPLATE template0)")
+
 
 class Store:
     """Connections to one store (the tables in one schema), shared by a process's threads."""
@@ -310,30 +372,58 @@ class Store:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._closed = False
-        self._pid = os.getpid()
         self._waiters: list[NotifyWaiter] = []
+        self._conns: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()  # every one opened
+        self._inherited: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()  # after fork()
         # The transaction the running code is inside of (see _connection.Store).
         self._txn: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
             "agentstate_pg_txn", default=None)
         with self._connect() as c:  # a clear error for a bad URL or an unreachable server
+            _check_encoding(c, self.path)
             self.schema = ensure_schema(c, self.path)
             self.channel = c.execute("SELECT feed_channel()").fetchone()[0]
-        self.pool = ConnectionPool(
-            url, min_size=1, max_size=POOL_MAX, kwargs={"autocommit": True},
-            configure=self._configure, open=False, name="agentstate",
-            timeout=max(busy_timeout, 0.05))
+        self.pool: ConnectionPool | None = None
+        self._open_pool()
+        _stores.add(self)
+
+    def _open_pool(self) -> None:
+        pool = ConnectionPool(
+            self.url, min_size=1, max_size=POOL_MAX, kwargs=CONNECT, configure=self._configure,
+            open=False, name="agentstate", timeout=max(self.busy_timeout, 0.05))
         try:  # with its first connection ready (else the first call would open a second)
-            self.pool.open(wait=True, timeout=max(busy_timeout, 10.0))
+            pool.open(wait=True, timeout=max(self.busy_timeout, 10.0))
         except PoolTimeout:
-            self.pool.close()
+            pool.close()
             raise StorageError(f"cannot open connections to {self.path}") from None
+        self.pool = pool
+
+    def _after_fork(self) -> None:
+        """In a fork()ed child: the connections are the parent's (the same server sessions).
+        Their sockets are pointed at /dev/null, so that nothing is ever sent on them from
+        here (not even the goodbye their garbage collection would send), and they are
+        kept, never used; the child opens a pool of its own on its first call."""
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            for conn in list(self._conns):
+                try:
+                    os.dup2(devnull, conn.pgconn.socket)
+                except (psycopg.Error, OSError):
+                    pass  # closed already
+        finally:
+            os.close(devnull)
+        _abandoned.append((self.pool, list(self._conns), self._waiters))
+        self._inherited, self._conns = self._conns, weakref.WeakSet()
+        self._lock = threading.Lock()  # the parent's may be held by a thread not copied
+        self._local = threading.local()
+        self._waiters = []
+        self.pool = None
 
     # -- connections ----------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection:
         """A connection of its own (schema setup, NOTIFY waiters), set up like the pool's."""
         try:
-            c = psycopg.connect(self.url, autocommit=True)
+            c = psycopg.connect(self.url, **CONNECT)
         except psycopg.Error as e:
             raise StorageError(f"cannot connect to {self.path}: {_first_line(e)}") from None
         try:
@@ -344,6 +434,8 @@ class Store:
         return c
 
     def _configure(self, c: psycopg.Connection) -> None:
+        self._conns.add(c)
+        c.cursor_factory = AfterCommit  # what follows a COMMIT never fails a committed write
         # One int type for every integer parameter, so a statement is prepared
         # once, whatever the size of the numbers it is called with.
         c.adapters.register_dumper(int, Int8Dumper)
@@ -358,9 +450,10 @@ class Store:
     def _checkout(self) -> psycopg.Connection:
         if self._closed:
             raise Closed(f"the database {self.path} is closed")
-        if os.getpid() != self._pid:
-            raise UsageError("this Database was opened before fork(): open one in the child "
-                             "(or start processes with spawn)")
+        if self.pool is None:  # a fork()ed child's first call
+            with self._lock:
+                if self.pool is None and not self._closed:
+                    self._open_pool()
         while True:
             try:
                 raw = self.pool.getconn()
@@ -381,8 +474,10 @@ class Store:
             self.pool.putconn(raw)
 
     def _checkin(self, raw: psycopg.Connection) -> None:
+        if raw in self._inherited:  # the parent's, in use when this process was forked
+            return
         try:
-            self.pool.putconn(raw)
+            self.pool.putconn(raw)  # type: ignore[union-attr]
         except PoolClosed:
             raw.close()
 
@@ -459,16 +554,22 @@ class Store:
         self.check_open()
         with self._lock:
             w = self._waiters.pop() if self._waiters else None
-        if w is None:
+        if w is None or not w.resume():
             w = NotifyWaiter(self)
         try:
             yield w
         finally:
-            with self._lock:
-                if self._closed or len(self._waiters) >= 4 or w.conn.closed:
-                    w.close()
-                else:
-                    self._waiters.append(w)
+            # Idle, it listens to nothing: nobody would read its notifications, and
+            # the server keeps each one (in a queue shared by every database on it)
+            # until its slowest listener has read it.
+            pooled = False
+            if len(self._waiters) < 4 and w.park():
+                with self._lock:
+                    if not self._closed and len(self._waiters) < 4:
+                        self._waiters.append(w)
+                        pooled = True
+            if not pooled:
+                w.close()
 
     # -- closing --------------------------------------------------------------
 
@@ -489,7 +590,7 @@ class Store:
             waiters, self._waiters = self._waiters, []
         for w in waiters:
             w.close()
-        if os.getpid() == self._pid:
+        if self.pool is not None:
             self.pool.close(timeout=1.0)
 
 
@@ -709,7 +810,10 @@ class NotifyWaiter:
     NOTIFY right after its COMMIT, in a transaction of its own; one that dies
     in between sends none, so ``wait`` also returns after RECHECK seconds
     without one: a watcher looks again at least that often, and a change
-    whose wake-up was lost is seen within RECHECK seconds.
+    whose wake-up was lost is seen within RECHECK seconds. Idle in the
+    store's pool it is parked (UNLISTEN): the server keeps a notification
+    until every listener has read it, in a queue shared by every database on
+    the server, and nobody reads an idle waiter's.
     """
 
     def __init__(self, store: Store) -> None:
@@ -720,11 +824,37 @@ class NotifyWaiter:
     def _listen(self) -> psycopg.Connection:
         c = self.store._connect()
         try:
-            c.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.store.channel)))
+            c.execute(self._listen_sql())
         except psycopg.Error as e:
             c.close()
             raise translate(e) from None
         return c
+
+    def _listen_sql(self) -> psycopg.sql.Composed:
+        return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.store.channel))
+
+    def park(self) -> bool:
+        """Stop listening, to wait idle in the store's pool; False if the connection broke."""
+        try:
+            self.conn.execute("UNLISTEN *")
+            pg = self.conn.pgconn
+            pg.consume_input()  # what arrived before the UNLISTEN
+            while pg.notifies() is not None:
+                pass
+            return pg.status == psycopg.pq.ConnStatus.OK
+        except psycopg.Error:
+            return False
+
+    def resume(self) -> bool:
+        """Listen again, out of the pool (a commit from here on wakes it); False if the
+        connection broke meanwhile."""
+        try:
+            self.conn.execute(self._listen_sql())
+        except psycopg.Error:
+            self.conn.close()
+            return False
+        self.count += 1  # nothing was heard while parked: look again
+        return True
 
     def _drain(self) -> None:
         """Count what has arrived, without blocking; reconnect if the connection broke."""

@@ -22,13 +22,17 @@ WHERE NOT EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value 
 
 COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
 
-# Of the ?1 oldest rows, those older than ?2; never the newest row (its seq must
-# not be handed out again). A range on seq, not `seq IN (subquery)`: no
-# temporary table, and ~6 µs less per write at NORMAL (benchmarks/PERCALL.md).
+# Of the ?1 oldest rows, those before the first one newer than ?2: the feed
+# kept is always every seq from its first one on (seqs follow commit order,
+# and nothing makes `at` follow them: a clock stepped back, a time stamped
+# before a wait), so scan's "oldest kept" check holds. Never
+# the newest row (its seq must not be handed out again): the ?1 + 1 oldest
+# rows are read, and the last of them is kept. A range on seq, not `seq IN
+# (subquery)`: no temporary table (benchmarks/PERCALL.md).
 _PURGE = """
-DELETE FROM change WHERE at < ?2 AND seq < coalesce(
-    (SELECT seq FROM change ORDER BY seq LIMIT 1 OFFSET ?1),  -- the first row kept
-    (SELECT max(seq) FROM change))"""
+DELETE FROM change WHERE seq < (
+    SELECT coalesce(min(seq) FILTER (WHERE at >= ?2), max(seq))  -- the first row kept
+    FROM (SELECT seq, at FROM change ORDER BY seq LIMIT ?1 + 1))"""
 
 
 def record(c: Conn, topic: str, op: str, kind: str | None = None,

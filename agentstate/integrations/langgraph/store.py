@@ -254,8 +254,7 @@ class AgentStateStore(BaseStore):
         if op.value is None:
             if old is not None:
                 self._scope.delete(key)
-                if not self._scope.list(f"i.{n}:", limit=1):
-                    self._scope.delete(f"n.{n}")
+                self._drop_empty_namespace(n)
             return
         stamp = f"{_FAR - int(now * 1e6):017d}"
         created = old["created_at"] if _live(old, now) else now
@@ -269,6 +268,15 @@ class AgentStateStore(BaseStore):
         if old is None:
             if self._scope.get(f"n.{n}") is None:
                 self._scope.put(f"n.{n}", {"ns": list(ns)})
+
+    def _drop_empty_namespace(self, n: str) -> None:
+        """Remove the namespace's index entry if it has no item left. Its entry is read
+        first: inside the transaction that read locks it, and a put of a new item
+        holds it too (``_put``), so the look for items comes after any such put's
+        commit (a list() locks no key that is not there yet)."""
+        self._scope.get(f"n.{n}")
+        if not self._scope.list(f"i.{n}:", limit=1):
+            self._scope.delete(f"n.{n}")
 
     def _unindex(self, n: str, key: str, item: dict[str, Any]) -> None:
         """Remove an item's index keys (its recency and expiry)."""
@@ -317,8 +325,7 @@ class AgentStateStore(BaseStore):
                         n = key[2:key.index(":")]
                         self._unindex(n, key, item)
                         self._scope.delete(key)
-                        if not self._scope.list(f"i.{n}:", limit=1):
-                            self._scope.delete(f"n.{n}")
+                        self._drop_empty_namespace(n)
                         removed += 1
             if len(due) < PAGE:
                 return removed
