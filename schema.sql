@@ -70,7 +70,8 @@ CREATE TABLE run (
     format     INTEGER NOT NULL DEFAULT 1,  -- run record format; a newer one is refused by load()
     created_at TEXT    NOT NULL,
     updated_at TEXT    NOT NULL,
-    first_seq  INTEGER NOT NULL DEFAULT 0 CHECK (first_seq >= 0 AND first_seq <= next_seq)  -- trim() moves it up
+    first_seq  INTEGER NOT NULL DEFAULT 0 CHECK (first_seq >= 0 AND first_seq <= next_seq),  -- trim() moves it up
+    pinned     INTEGER NOT NULL DEFAULT 0 CHECK (pinned IN (0, 1))  -- runs.pin(): prune() leaves it
 ) STRICT;
 -- runs.list() pages newest update first without reading the table.
 CREATE INDEX run_by_update ON run (updated_at);
@@ -152,7 +153,7 @@ CREATE TABLE change (
     seq      INTEGER PRIMARY KEY,
     at       TEXT    NOT NULL,  -- commit time, ISO-8601 UTC
     topic    TEXT    NOT NULL CHECK (topic IN ('kv', 'run', 'session')),
-    op       TEXT    NOT NULL,  -- kv: put delete append pop touch expire; run: create write delete fork trim;
+    op       TEXT    NOT NULL,  -- kv: put delete append pop touch expire; run: create write delete fork trim pin;
                                 -- session: create delete, or the turn's new status
     kind     TEXT,     -- kv: the scope kind
     scope_id TEXT,     -- kv: the scope id; run: the run id; session: the session id
@@ -202,7 +203,7 @@ FROM run_entry;
 CREATE VIEW runs AS
 SELECT id, json_extract(snapshot, '$.task') AS task, json_extract(snapshot, '$.turn') AS turn,
        json_extract(snapshot, '$.finished') AS finished, next_seq - first_seq AS entries,
-       first_seq, created_at, updated_at
+       first_seq, pinned, created_at, updated_at
 FROM run;
 
 -- Turns that block or may still act: queued, running, held, decided, resuming.

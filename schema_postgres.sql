@@ -83,6 +83,7 @@ CREATE TABLE run (
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     first_seq  bigint  NOT NULL DEFAULT 0,  -- trim() moves it up
+    pinned     boolean NOT NULL DEFAULT false,  -- runs.pin(): prune() leaves it
     CHECK (first_seq >= 0 AND first_seq <= next_seq)
 );
 -- runs.list() pages newest update first without reading the table.
@@ -115,6 +116,12 @@ BEGIN
 END $$;
 CREATE TRIGGER run_entry_contiguous AFTER INSERT ON run_entry
     REFERENCING NEW TABLE AS new_entries FOR EACH STATEMENT EXECUTE FUNCTION run_entry_contiguous();
+
+-- The tool calls of a run by call id (SPEC §14: once() finds a call's newest
+-- tool_call or tool_result with one probe, whatever the run's length). Partial:
+-- only those entries are indexed; a query repeats both expressions as written.
+CREATE INDEX run_entry_call ON run_entry (run_id, (entry ->> 'call_id'), seq)
+WHERE (entry ->> 'type') IN ('tool_call', 'tool_result');
 
 -- Sessions, owned by the principal (by name) that created them.
 CREATE TABLE session (
@@ -778,6 +785,32 @@ BEGIN
     RETURN ch;
 END $$;
 
+-- Delete every key of a scope (scope.clear()): a 'delete' change each; how many were live.
+CREATE FUNCTION kv_clear(p_kind text, p_sid text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    ch change_row[] := kv_drop_scope(p_kind, p_sid);
+BEGIN
+    PERFORM feed_add(ch);
+    RETURN (SELECT count(*) FROM unnest(ch) u WHERE u.op = 'delete');
+END $$;
+
+-- Pin or unpin a run (prune() leaves a pinned one): a 'pin' change when it changed.
+-- Whether the run is pinned now; NULL when there is no such run.
+CREATE FUNCTION run_pin(p_id text, p_pinned boolean) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_was boolean;
+BEGIN
+    SELECT pinned INTO v_was FROM run WHERE id = p_id FOR UPDATE;
+    IF v_was IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_was <> p_pinned THEN
+        UPDATE run SET pinned = p_pinned WHERE id = p_id;
+        PERFORM feed_add(ARRAY[ROW('run', 'pin', NULL, p_id, NULL, NULL, NULL, NULL)::change_row]);
+    END IF;
+    RETURN p_pinned;
+END $$;
+
 -- Expire up to p_batch keys whose time has come, soonest first (skipping
 -- keys another writer holds: it settles them itself); their changes.
 CREATE FUNCTION kv_purge_expired(p_batch bigint) RETURNS change_row[] LANGUAGE plpgsql AS $$
@@ -887,7 +920,8 @@ BEGIN
     RETURN v_new - v_first;
 END $$;
 
--- Delete the runs last written before p_cutoff (only finished ones if asked); their ids.
+-- Delete the runs last written before p_cutoff (only finished ones if asked), never a
+-- pinned one; their ids.
 CREATE FUNCTION run_prune(p_cutoff timestamptz, p_finished_only boolean) RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -895,7 +929,7 @@ DECLARE
 BEGIN
     WITH gone AS (
         DELETE FROM run WHERE id IN (
-            SELECT id FROM run WHERE updated_at < p_cutoff
+            SELECT id FROM run WHERE updated_at < p_cutoff AND NOT pinned
                AND (NOT p_finished_only
                     OR (json_typeof(snapshot -> 'finished') = 'boolean' AND (snapshot ->> 'finished') = 'true'))
             FOR UPDATE)
@@ -1083,7 +1117,7 @@ FROM run_entry;
 -- Runs with their snapshot's summary fields.
 CREATE VIEW runs AS
 SELECT id, snapshot ->> 'task' AS task, snapshot -> 'turn' AS turn, snapshot -> 'finished' AS finished,
-       next_seq - first_seq AS entries, first_seq, iso_utc(created_at) AS created_at,
+       next_seq - first_seq AS entries, first_seq, pinned, iso_utc(created_at) AS created_at,
        iso_utc(updated_at) AS updated_at
 FROM run;
 
@@ -1105,4 +1139,4 @@ SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.t
        n.scope_id, n.key, n.version, n.start, n.count
 FROM change_new n CROSS JOIN feed_head h;
 
-INSERT INTO agentstate_version (version) VALUES (2);
+INSERT INTO agentstate_version (version) VALUES (3);

@@ -87,6 +87,19 @@ class Database:
             yield self
 
     @contextmanager
+    def snapshot(self) -> Iterator[Database]:
+        """Every read of this thread inside the block sees one consistent state, in one
+        read transaction (nothing another writer commits meanwhile shows). Writes inside
+        it are ``UsageError``; so is a snapshot over HTTP, where reads are separate
+        requests (``get_many`` and ``items`` read several keys in one).
+
+        :raises UsageError: a write inside the block; ``snapshot()`` on a remote client.
+        """
+        self._check_open()
+        with self._ops.snapshot():
+            yield self
+
+    @contextmanager
     def batch(self, *, fence: Any = None) -> Iterator[Batch]:
         """Collect writes (``b.scope(kind, id).put/delete/append``) and apply them all or
         none when the block exits; the first refusal raises. ``b.results`` then holds

@@ -39,11 +39,12 @@ class RunHead(NamedTuple):
     format: int
     created_at: datetime
     updated_at: datetime
+    pinned: bool = False  # runs.pin(): prune() leaves it
 
     @property
     def summary(self) -> SavedState:
         return SavedState.from_snapshot(self.id, self.snapshot, created_at=self.created_at,
-                                        updated_at=self.updated_at)
+                                        updated_at=self.updated_at, pinned=self.pinned)
 
 
 class Record(NamedTuple):
@@ -64,6 +65,7 @@ class SavedState:
     turn: int = 0
     stopped_by: str | None = None
     finished: bool = False
+    pinned: bool = False  # the store's, not the snapshot's: runs.pin()
 
     @classmethod
     def from_snapshot(
@@ -73,6 +75,7 @@ class SavedState:
         *,
         created_at: datetime | None = None,
         updated_at: datetime | None = None,
+        pinned: bool = False,
     ) -> SavedState:
         """Build a summary from a snapshot dict; fields of the wrong type take their defaults."""
         snap = snapshot if isinstance(snapshot, dict) else {}
@@ -86,6 +89,7 @@ class SavedState:
             turn=turn if isinstance(turn, int) and not isinstance(turn, bool) else 0,
             stopped_by=stopped_by if isinstance(stopped_by, str) else None,
             finished=finished if isinstance(finished, bool) else False,
+            pinned=pinned,
         )
 
 
@@ -182,9 +186,21 @@ class RunStore:
         got = self._ops.run_head(run_id)
         if got is None:
             return None
-        snapshot, next_seq, fmt, first, created, updated = got
+        snapshot, next_seq, fmt, first, created, updated, pinned = got
         return RunHead(run_id, decode(snapshot) if snapshot is not None else None, first, next_seq,
-                       fmt, parse_time(created), parse_time(updated))
+                       fmt, parse_time(created), parse_time(updated), bool(pinned))
+
+    def pin(self, run_id: str, pinned: bool = True) -> bool:
+        """Keep a run from ``prune()`` (``pinned=False``: let it go again), for runs an
+        adapter or a person keeps; an explicit ``delete`` or ``trim`` still acts on it.
+        Returns whether the run is pinned now.
+
+        :raises RunNotFound: no such run.
+        """
+        check_key(run_id, "run id")
+        if type(pinned) is not bool:
+            raise InvalidValue(f"pinned must be True or False, got {pinned!r}")
+        return self._ops.run_pin(run_id, pinned)
 
     def trim(self, run_id: str, *, before: int) -> int:
         """Remove the entries with seq < ``before``; return how many.
@@ -201,7 +217,8 @@ class RunStore:
 
     def prune(self, *, older_than: float, finished_only: bool = True) -> list[str]:
         """Delete the runs not written for ``older_than`` seconds (only those whose
-        snapshot says ``finished``, unless ``finished_only=False``); return their ids."""
+        snapshot says ``finished``, unless ``finished_only=False``; never a pinned one);
+        return their ids."""
         if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) \
                 or not 0 <= older_than < 1e11:
             raise InvalidValue(f"older_than must be a number of seconds >= 0, got {older_than!r}")
@@ -209,12 +226,20 @@ class RunStore:
             raise InvalidValue(f"finished_only must be True or False, got {finished_only!r}")
         return self._ops.run_prune(older_than, finished_only)
 
-    def entries(self, run_id: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """Entries with seq >= since, at most ``limit``; [] for an unknown run."""
+    def entries(self, run_id: str, since: int = 0, limit: int | None = None, *,
+                raw: bool = False) -> list[Any]:
+        """Entries with seq >= since, at most ``limit``; [] for an unknown run.
+
+        ``raw=True``: each entry as its stored JSON text, not decoded (for a caller
+        that passes entries on as they are).
+        """
         check_key(run_id, "run id")
         _check_count("since", since)
         _check_count("limit", limit, allow_none=True)
-        return _decode_entries(self._ops.run_entries(run_id, since, limit))
+        if type(raw) is not bool:
+            raise InvalidValue(f"raw must be True or False, got {raw!r}")
+        rows = self._ops.run_entries(run_id, since, limit)
+        return [text for _seq, text in rows] if raw else _decode_entries(rows)
 
     def tail(self, run_id: str, n: int) -> list[dict[str, Any]]:
         """The last ``n`` entries, in seq order; [] for an unknown run."""
@@ -240,11 +265,11 @@ class RunStore:
         _check_count("limit", limit, allow_none=True)
         rows = self._ops.run_list(after, limit)
         out = []
-        for run_id, created, updated, *fields in rows:
+        for run_id, created, updated, *fields, pinned in rows:
             task, turn, stopped_by, finished = (decode(f) if f is not None else None for f in fields)
             out.append(SavedState.from_snapshot(
                 run_id, {"task": task, "turn": turn, "stopped_by": stopped_by, "finished": finished},
-                created_at=parse_time(created), updated_at=parse_time(updated),
+                created_at=parse_time(created), updated_at=parse_time(updated), pinned=bool(pinned),
             ))
         return out
 
@@ -403,6 +428,7 @@ class RunStore:
     afork = _aversion(fork)
     atrim = _aversion(trim)
     aprune = _aversion(prune)
+    apin = _aversion(pin)
     aclaim = _aversion(claim)
     asettle = _aversion(settle)
 

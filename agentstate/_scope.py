@@ -7,10 +7,11 @@ turn stored text back into values.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import inspect
 from datetime import datetime, timezone
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_fence, check_int, check_key,
@@ -28,6 +29,10 @@ class Versioned(NamedTuple):
 
     value: Any
     version: int
+
+
+ABSENT = Versioned(None, 0)
+MAX_MANY = 1000  # keys one get_many() reads
 
 
 class Appended(NamedTuple):
@@ -278,6 +283,45 @@ class Scope:
             return []
         return self._ops.kv_keys(self.kind, self.id, prefix, after, limit)
 
+    def get_many(self, keys: Iterable[str]) -> dict[str, Versioned]:
+        """Several keys at once, in one read: ``{key: Versioned(value, version)}`` for each
+        of ``keys`` (an absent one: ``(None, 0)``), in the order given.
+
+        :raises InvalidKey: a key breaks the key rules.
+        :raises InvalidValue: more than 1,000 keys, or ``keys`` is a string.
+        """
+        if isinstance(keys, (str, bytes)):
+            raise InvalidValue("get_many() takes a list of keys, not one string")
+        wanted = [check_key(k) for k in keys]
+        if len(wanted) > MAX_MANY:
+            raise InvalidValue(f"get_many() reads at most {MAX_MANY} keys a call, got {len(wanted)}")
+        found = {row[0]: Versioned(_value(row[1:]), row[3])
+                 for row in self._ops.kv_get_many(self.kind, self.id, list(dict.fromkeys(wanted)))} \
+            if wanted else {}
+        return {k: found.get(k, ABSENT) for k in wanted}
+
+    def items(self, prefix: str = "", *, after: str | None = None,
+              limit: int | None = None) -> builtins.list[tuple[str, Versioned]]:
+        """The keys of this scope with their values, ascending, in one read: as
+        :meth:`list` (the same literal prefix and paging), each ``(key, Versioned)``."""
+        if after is not None and after != "":
+            check_key(after, "after")
+        if limit is not None:
+            check_int("limit", limit)
+        if not prefix_ok(prefix):
+            self._ops.check_open()
+            return []
+        return [(row[0], Versioned(_value(row[1:]), row[3]))
+                for row in self._ops.kv_items(self.kind, self.id, prefix, after, limit)]
+
+    def clear(self, *, fence: Any = None) -> int:
+        """Delete every key of this scope, in one transaction; how many there were.
+
+        The change feed gets a ``delete`` change per key (versions stay remembered, as
+        for :meth:`delete`). ``fence``: as for put.
+        """
+        return self._writer(fence).kv_clear(self.kind, self.id)
+
     def put_bytes(self, key: str, data: bytes, *, if_version: int | None = None,
                   ttl: float | None = None, fence: Any = None) -> int:
         """Store raw bytes under ``key``; return the new version (``ttl``, ``fence`` as for put)."""
@@ -321,6 +365,9 @@ class Scope:
     aget_bytes = _async(get_bytes)
     atouch = _async(touch)
     aexpires_at = _async(expires_at)
+    aget_many = _async(get_many)
+    aitems = _async(items)
+    aclear = _async(clear)
 
     async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None,
                       fence: Any = None) -> Any:

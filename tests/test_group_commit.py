@@ -542,7 +542,7 @@ def test_a_write_refused_inside_a_snapshot_leaves_the_snapshot_alone(db):
     store = store_of(db)
     with store.snapshot() as c:
         assert kv.get("x") == 1
-        with pytest.raises(agentstate.StorageError):
+        with pytest.raises(agentstate.UsageError):  # SPEC: writes inside snapshot() (0.3)
             kv.put("y", 1)
         assert c.in_transaction
         other: list = []

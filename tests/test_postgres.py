@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import agentstate
-from agentstate.backends.postgres import store as pgstore
+from agentstate.backends.postgres import schema as pgstore
 from agentstate.cli import cli
 
 from . import pgserver

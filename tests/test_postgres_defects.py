@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import agentstate
-from agentstate.backends.postgres import store as pgstore
+from agentstate.backends.postgres import schema as pgstore
 
 from . import pgserver
 from .conftest import RawSQL

@@ -71,6 +71,11 @@ class LocalOps:
         with self.store.write():
             yield
 
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        with self.store.snapshot():
+            yield
+
     def exclusive(self) -> AbstractContextManager[Any]:
         """The write lock, so a compare-and-set retried inside cannot lose again."""
         return self.store.write()
@@ -138,6 +143,16 @@ class LocalOps:
                 limit: int | None) -> list[str]:
         return self._read(self.kv.keys, kind, sid, prefix, after, limit)
 
+    def kv_get_many(self, kind: str, sid: str, keys: list[str]) -> list[Row]:
+        return self._read(self.kv.get_many, kind, sid, keys)
+
+    def kv_items(self, kind: str, sid: str, prefix: str, after: str | None,
+                 limit: int | None) -> list[Row]:
+        return self._read(self.kv.items, kind, sid, prefix, after, limit)
+
+    def kv_clear(self, kind: str, sid: str) -> int:
+        return self._write(self.kv.clear, kind, sid)
+
     # -- runs -----------------------------------------------------------------
 
     def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,
@@ -179,6 +194,9 @@ class LocalOps:
 
     def _prune_runs(self, c: Any, older_than: float, finished_only: bool) -> list[str]:
         return self.runs.prune(c, iso(self.clock() - older_than), finished_only)
+
+    def run_pin(self, run_id: str, pinned: bool) -> bool:
+        return self._write(self.runs.pin, run_id, pinned)
 
     def run_claim(self, run_id: str, call_id: str, call: str | None, lease: float,
                   retry: bool) -> tuple[str, str]:

@@ -169,6 +169,10 @@ class RemoteOps:
         raise E.UsageError("transaction() cannot span HTTP calls: use db.batch(), whose writes "
                            "are applied all or none in one request")
 
+    def snapshot(self) -> Any:
+        raise E.UsageError("snapshot() cannot span HTTP calls: get_many() and items() read "
+                           "several keys of a scope in one request")
+
     def exclusive(self) -> Any:
         return contextlib.nullcontext()
 
@@ -276,6 +280,20 @@ class RemoteOps:
         return self._call("GET", self._key(kind, sid), params={
             "prefix": prefix or None, "after": after, "limit": limit})["keys"]
 
+    def kv_get_many(self, kind: str, sid: str, keys: list[str]) -> list[Row]:
+        d = self._call("POST", f"/v1/scopes/{_q(kind, sid)}/get_many", body=_dumps({"keys": keys}))
+        return [(k, "json", _dumps(v["value"]), v["version"], None)
+                for k, v in d["values"].items() if v["version"]]
+
+    def kv_items(self, kind: str, sid: str, prefix: str, after: str | None,
+                 limit: int | None) -> list[Row]:
+        d = self._call("GET", f"/v1/scopes/{_q(kind, sid)}/items", params={
+            "prefix": prefix or None, "after": after, "limit": limit})
+        return [(i["key"], "json", _dumps(i["value"]), i["version"], None) for i in d["items"]]
+
+    def kv_clear(self, kind: str, sid: str) -> int:
+        return self._call("POST", f"/v1/scopes/{_q(kind, sid)}/clear", body="{}")["cleared"]
+
     # -- runs --------------------------------------------------------------------------------
 
     def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,
@@ -300,7 +318,7 @@ class RemoteOps:
         except E.NotFound:
             return None
         return (_text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"], d["created_at"],
-                d["updated_at"])
+                d["updated_at"], d["pinned"])
 
     def run_entries(self, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
         d = self._call("GET", f"/v1/runs/{_q(run_id)}/entries", params={"since": since, "limit": limit})
@@ -315,8 +333,12 @@ class RemoteOps:
 
     def run_list(self, after: str | None, limit: int | None) -> list[Row]:
         return [(r["id"], r["created_at"], r["updated_at"], _dumps(r["task"]), _dumps(r["turn"]),
-                 _dumps(r["stopped_by"]), _dumps(r["finished"]))
+                 _dumps(r["stopped_by"]), _dumps(r["finished"]), r["pinned"])
                 for r in self._page("/v1/runs", "runs", after, limit)]
+
+    def run_pin(self, run_id: str, pinned: bool) -> bool:
+        return self._call("POST", f"/v1/runs/{_q(run_id)}/pin", body=_dumps({"pinned": pinned}),
+                          runs=True)["pinned"]
 
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
         self._call("POST", f"/v1/runs/{_q(run_id)}/fork", body=_dumps({"new_id": new_id, "upto": upto}),

@@ -14,7 +14,9 @@ from psycopg.types.string import TextLoader
 
 from ..._sql import first_word, refused, several
 from ...errors import InvalidValue, UsageError
-from .store import SCHEMA_VERSION, _quiet_rollback, translate
+from .errors import translate
+from .schema import SCHEMA_VERSION
+from .statements import quiet_rollback
 
 if TYPE_CHECKING:
     from .store import Store
@@ -64,7 +66,7 @@ INVARIANTS: list[tuple[str, str]] = [
         WHERE NOT (topic = 'kv' AND op IN ('put', 'delete', 'append', 'pop', 'touch', 'expire')
                    AND kind IS NOT NULL AND scope_id IS NOT NULL AND key IS NOT NULL
                    AND version >= 1)
-          AND NOT (topic = 'run' AND op IN ('create', 'write', 'delete', 'fork', 'trim')
+          AND NOT (topic = 'run' AND op IN ('create', 'write', 'delete', 'fork', 'trim', 'pin')
                    AND scope_id IS NOT NULL)
           AND NOT (topic = 'session' AND op IN ('create', 'delete', 'queued', 'running', 'held',
                    'decided', 'resuming', 'finished', 'failed', 'expired') AND scope_id IS NOT NULL)
@@ -227,5 +229,5 @@ def sql(store: Store, query: str, params: tuple[Any, ...] | dict[str, Any]) -> l
     except psycopg.Error as e:
         raise translate(e) from None
     finally:
-        _quiet_rollback(raw)  # it wrote nothing; this undoes a set_config() it made
+        quiet_rollback(raw)  # it wrote nothing; this undoes a set_config() it made
         store._checkin(raw)

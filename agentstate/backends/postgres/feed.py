@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import SETTINGS, check_cursor
-from .store import READ, SEQUENCE, Conn
+from .statements import READ, SEQUENCE, Conn
 
 __all__ = ["head", "scan", "settings", "set_setting"]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import KEEP
-from .store import TXN, Conn
+from .statements import TXN, Conn
 
 Row = tuple[Any, ...]
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
@@ -143,14 +143,64 @@ def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     return rows[0][1] if rows[0][0] == "list" else None
 
 
-def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
-         limit: int | None) -> list[str]:
-    """Live keys starting with ``prefix`` (a range scan of the primary key), ascending."""
+def _range(prefix: str, after: str | None) -> tuple[str, str, str]:
+    """The key range of a listing: (low bound, its operator, high bound, exclusive)."""
     lo = prefix if after is None or after < prefix else after
     # Keys are ASCII below DEL, so '\x7f' bounds them all; else the prefix's successor.
     hi = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\x7f"
-    op = ">=" if after is None or after < prefix else ">"
+    return lo, (">=" if after is None or after < prefix else ">"), hi
+
+
+def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
+         limit: int | None) -> list[str]:
+    """Live keys starting with ``prefix`` (a range scan of the primary key), ascending."""
+    lo, op, hi = _range(prefix, after)
     return [r[0] for r in c.execute(
         f"""SELECT key FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND key {op} %(lo)s
             AND key < %(hi)s AND {_LIVE} ORDER BY key LIMIT %(limit)s""",
         {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "limit": limit}).fetchall()]
+
+
+_MANY = f"""SELECT key, type, value::text, data, version,
+                   CASE WHEN type = 'list' THEN
+                     (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
+                      WHERE list_id = kv.list_id)
+                   END
+            FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND {{where}} AND {_LIVE}
+            ORDER BY key {{limit}}"""
+
+
+def _rows(rows: list[Row]) -> list[Row]:
+    return [(key, type_, data if type_ == "bytes" else text, version, items)
+            for key, type_, text, data, version, items in rows]
+
+
+def get_many(c: Conn, kind: str, sid: str, keys: list[str]) -> list[Row]:
+    """(key, type, value, version, joined list items) of the live keys among ``keys``, in
+    one statement, ascending. Inside a write transaction they lock as ``get`` does: the
+    rows found, and the key lock of each key found absent (which is then read again)."""
+    sql = _MANY.format(where="key = ANY(%(keys)s)", limit=_lock(c, " OF kv"))
+    rows = c.execute(sql, {"kind": kind, "sid": sid, "keys": keys}).fetchall()
+    if c.mode is TXN:
+        absent = sorted(set(keys) - {r[0] for r in rows})
+        for key in absent:
+            c.execute(_READ_LOCK, (kind, sid, key))
+        if absent:
+            rows = sorted(rows + c.execute(sql, {"kind": kind, "sid": sid, "keys": absent}).fetchall())
+    return _rows(rows)
+
+
+def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
+          limit: int | None) -> list[Row]:
+    """(key, type, value, version, joined list items) of the live keys starting with
+    ``prefix``, after ``after``, ascending: ``keys()`` with the values, in one statement."""
+    lo, op, hi = _range(prefix, after)
+    return _rows(c.execute(
+        _MANY.format(where=f"key {op} %(lo)s AND key < %(hi)s",
+                     limit="LIMIT %(limit)s" + _lock(c, " OF kv")),
+        {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "limit": limit}).fetchall())
+
+
+def clear(c: Conn, kind: str, sid: str) -> int:
+    """Delete every key of the scope (a ``delete`` change each); how many were live."""
+    return c.execute("SELECT kv_clear(%s, %s)", (kind, sid)).fetchone()[0]

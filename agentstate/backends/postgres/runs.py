@@ -11,7 +11,7 @@ from typing import Any
 
 from ..._encoding import same_json
 from ...errors import HistoryGap, RunNotFound
-from .store import Conn
+from .statements import Conn
 
 Row = tuple[Any, ...]
 
@@ -47,18 +47,21 @@ def write(c: Conn, run_id: str, entries: list[tuple[int, str]], snapshot: str | 
     raise HistoryGap(f"run {run_id!r}: its stored entries kept changing while they were compared")
 
 
+_HEAD = ("snapshot::text, next_seq, format, first_seq, iso_utc(created_at), iso_utc(updated_at), "
+         "pinned")
+
+
 def head(c: Conn, run_id: str) -> Row | None:
-    """(snapshot, next_seq, format, first_seq, created_at, updated_at) of a run, or None."""
-    return c.execute("SELECT snapshot::text, next_seq, format, first_seq, iso_utc(created_at), "
-                     "iso_utc(updated_at) FROM run WHERE id = %s", (run_id,)).fetchone()
+    """(snapshot, next_seq, format, first_seq, created_at, updated_at, pinned) of a run, or
+    None."""
+    return c.execute(f"SELECT {_HEAD} FROM run WHERE id = %s", (run_id,)).fetchone()
 
 
 def lock(c: Conn, run_id: str) -> Row | None:
     """``head()`` in the write's transaction, the run's row locked (FOR UPDATE) until it
     commits: appends of other writers of this run wait, as they do for run_write()."""
     c.begin()
-    return c.execute("SELECT snapshot::text, next_seq, format, first_seq, iso_utc(created_at), "
-                     "iso_utc(updated_at) FROM run WHERE id = %s FOR UPDATE", (run_id,)).fetchone()
+    return c.execute(f"SELECT {_HEAD} FROM run WHERE id = %s FOR UPDATE", (run_id,)).fetchone()
 
 
 def entries(c: Conn, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
@@ -100,7 +103,7 @@ def summaries(c: Conn, after: str | None, limit: int | None) -> list[Row]:
     return c.execute(
         f"""SELECT id, iso_utc(created_at), iso_utc(updated_at), (snapshot -> 'task')::text,
                    (snapshot -> 'turn')::text, (snapshot -> 'stopped_by')::text,
-                   (snapshot -> 'finished')::text
+                   (snapshot -> 'finished')::text, pinned
             FROM run {where} ORDER BY updated_at DESC, id DESC LIMIT %(limit)s""",
         {"after": after, "limit": limit}).fetchall()
 
@@ -114,6 +117,14 @@ def last_call(c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
     the partial index run_entry_call, one probe whatever the run's length."""
     return c.execute(
         """SELECT seq, entry::text FROM run_entry
-           WHERE run_id = %s AND entry ->> 'call_id' = %s
-             AND entry ->> 'type' IN ('tool_call', 'tool_result')
+           WHERE run_id = %s AND (entry ->> 'call_id') = %s
+             AND (entry ->> 'type') IN ('tool_call', 'tool_result')
            ORDER BY seq DESC LIMIT 1""", (run_id, call_id)).fetchone()
+
+
+def pin(c: Conn, run_id: str, pinned: bool) -> bool:
+    """Pin (or unpin) a run; whether it is pinned now."""
+    now = c.execute("SELECT run_pin(%s, %s)", (run_id, pinned)).fetchone()[0]
+    if now is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    return now

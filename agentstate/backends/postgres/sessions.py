@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import LeaseLost, NotFound
 from ..base import effective_status, turn_live
-from .store import Conn
+from .statements import Conn
 
 Row = tuple[Any, ...]
 # Turn rows carry the status as it reads now on the server's clock (the store's clock,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store import Conn
+from .statements import Conn
 
 
 def create(c: Conn, digest: str, name: str, admin: bool) -> None:

@@ -71,7 +71,7 @@ INVARIANTS: list[tuple[str, str]] = [
         WHERE NOT (topic = 'kv' AND op IN ('put', 'delete', 'append', 'pop', 'touch', 'expire')
                    AND kind IS NOT NULL AND scope_id IS NOT NULL AND key IS NOT NULL
                    AND version >= 1)
-          AND NOT (topic = 'run' AND op IN ('create', 'write', 'delete', 'fork', 'trim')
+          AND NOT (topic = 'run' AND op IN ('create', 'write', 'delete', 'fork', 'trim', 'pin')
                    AND scope_id IS NOT NULL)
           AND NOT (topic = 'session' AND op IN ('create', 'delete', 'queued', 'running', 'held',
                    'decided', 'resuming', 'finished', 'failed', 'expired') AND scope_id IS NOT NULL)

@@ -12,6 +12,7 @@ kv_deleted, an 'expire' change is recorded), then goes on as for an absent key.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -111,6 +112,40 @@ _GET = """SELECT type, value, version,
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
     return c.execute(_GET, (kind, sid, key, time.time())).fetchone()
+
+
+_MANY = """SELECT key, type, value, version,
+                  CASE type WHEN 'list' THEN
+                    (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
+                     WHERE list_id = kv.list_id)
+                  END
+           FROM kv WHERE kind = ?1 AND scope_id = ?2 AND {where}
+                     AND (expires_at IS NULL OR expires_at > ?4)
+           ORDER BY key {limit}"""
+
+
+def get_many(c: Conn, kind: str, sid: str, keys: list[str]) -> list[Row]:
+    """(key, type, value, version, joined list items) of the live keys among ``keys``, in
+    one statement (a probe of the primary key each), ascending."""
+    return c.execute(_MANY.format(where="key IN (SELECT value FROM json_each(?3))", limit=""),
+                     (kind, sid, json.dumps(keys), time.time())).fetchall()
+
+
+def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
+          limit: int | None) -> list[Row]:
+    """(key, type, value, version, joined list items) of the live keys starting with
+    ``prefix``, after ``after``, ascending: ``keys()`` with the values, in one statement."""
+    lo, op, hi = _range(prefix, after)
+    return c.execute(_MANY.format(where=f"key {op} ?3 AND key < ?5", limit="LIMIT ?6"),
+                     (kind, sid, lo, time.time(), hi, -1 if limit is None else limit)).fetchall()
+
+
+def clear(c: Conn, kind: str, sid: str) -> int:
+    """Delete every key of the scope (a ``delete`` change each); how many were live."""
+    live = c.execute("SELECT count(*) FROM kv WHERE kind = ?1 AND scope_id = ?2 AND "
+                     "(expires_at IS NULL OR expires_at > ?3)", (kind, sid, time.time())).get
+    drop_scope(c, kind, sid)
+    return live
 
 
 def _add_items(c: Conn, list_id: int, start: int, items: list[str]) -> None:
@@ -328,10 +363,7 @@ def keys(
     c: Conn, kind: str, sid: str, prefix: str, after: str | None, limit: int | None
 ) -> list[str]:
     """Live keys starting with ``prefix`` (a range scan of the primary key), ascending."""
-    lo = prefix if after is None or after < prefix else after
-    # Keys are ASCII below DEL, so '\x7f' bounds them all; else the prefix's successor.
-    hi = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\x7f"
-    op = ">=" if after is None or after < prefix else ">"
+    lo, op, hi = _range(prefix, after)
     return [
         r[0]
         for r in c.execute(
@@ -341,6 +373,14 @@ def keys(
              "limit": -1 if limit is None else limit},
         )
     ]
+
+
+def _range(prefix: str, after: str | None) -> tuple[str, str, str]:
+    """The key range of a listing: (low bound, its operator, high bound, exclusive)."""
+    lo = prefix if after is None or after < prefix else after
+    # Keys are ASCII below DEL, so '\x7f' bounds them all; else the prefix's successor.
+    hi = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\x7f"
+    return lo, (">=" if after is None or after < prefix else ">"), hi
 
 
 def drop_scope(c: Conn, kind: str, sid: str) -> None:

@@ -85,11 +85,11 @@ def _check_resent(c: Conn, run_id: str, old: list[tuple[int, str]]) -> None:
 
 
 def head(c: Conn, run_id: str) -> tuple[Any, ...] | None:
-    """(snapshot, next_seq, format, first_seq, created_at, updated_at) of a run, or None."""
+    """(snapshot, next_seq, format, first_seq, created_at, updated_at, pinned) of a run, or
+    None."""
     return c.execute(
-        "SELECT snapshot, next_seq, format, first_seq, created_at, updated_at FROM run WHERE id = ?",
-        (run_id,),
-    ).fetchone()
+        "SELECT snapshot, next_seq, format, first_seq, created_at, updated_at, pinned "
+        "FROM run WHERE id = ?", (run_id,)).fetchone()
 
 
 def lock(c: Conn, run_id: str) -> tuple[Any, ...] | None:
@@ -136,9 +136,10 @@ def trim(c: Conn, run_id: str, before: int) -> int:
 
 
 def prune(c: Conn, cutoff: str, finished_only: bool) -> list[str]:
-    """Delete the runs last written before ``cutoff`` (only finished ones if asked)."""
+    """Delete the runs last written before ``cutoff`` (only finished ones if asked), but
+    never a pinned one."""
     ids = [r[0] for r in c.execute(
-        """SELECT id FROM run WHERE updated_at < ?1
+        """SELECT id FROM run WHERE updated_at < ?1 AND NOT pinned
              AND (NOT ?2 OR (snapshot IS NOT NULL AND json_type(snapshot, '$.finished') = 'true'))
            ORDER BY updated_at, id""", (cutoff, finished_only)).fetchall()]
     for run_id in ids:
@@ -159,10 +160,23 @@ def summaries(c: Conn, after: str | None, limit: int | None) -> list[tuple[Any, 
         where = "WHERE (updated_at, rowid) < (SELECT updated_at, rowid FROM run WHERE id = :after)"
     return c.execute(
         f"""SELECT id, created_at, updated_at, snapshot -> '$.task', snapshot -> '$.turn',
-                   snapshot -> '$.stopped_by', snapshot -> '$.finished'
+                   snapshot -> '$.stopped_by', snapshot -> '$.finished', pinned
             FROM run {where} ORDER BY updated_at DESC, rowid DESC LIMIT :limit""",
         {"after": after, "limit": -1 if limit is None else limit},
     ).fetchall()
+
+
+def pin(c: Conn, run_id: str, pinned: bool) -> bool:
+    """Pin (or unpin) a run: prune() leaves a pinned run; a ``pin`` change when it changed.
+    Whether the run is pinned now."""
+    row = c.execute("UPDATE run SET pinned = ?2 WHERE id = ?1 AND pinned <> ?2 RETURNING pinned",
+                    (run_id, int(pinned))).fetchone()
+    if row is None:
+        if c.execute("SELECT 1 FROM run WHERE id = ?", (run_id,)).fetchone() is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return pinned
+    feed.record(c, "run", "pin", None, run_id)
+    return pinned
 
 
 def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:

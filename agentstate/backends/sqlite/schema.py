@@ -120,8 +120,13 @@ def _v2_to_v3(c: apsw.Connection, schema: str) -> None:
 
 
 def _v3_to_v4(c: apsw.Connection, schema: str) -> None:
-    """The index of a run's tool calls by call id (SPEC §14, issue 29)."""
+    """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs (reads in
+    one call)."""
     c.execute(schema_object(schema, "run_entry_call"))
+    c.execute("ALTER TABLE run ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0 "
+              "CHECK (pinned IN (0, 1))")
+    c.execute("DROP VIEW runs")
+    c.execute(schema_object(schema, "runs"))
 
 
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {

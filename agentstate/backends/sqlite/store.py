@@ -334,9 +334,10 @@ class Store(GroupCommit):
 
     @contextmanager
     def snapshot(self) -> Iterator[apsw.Connection]:
-        """Several reads that must see the same state: a read transaction."""
+        """Several reads that must see the same state: a read transaction (inside one
+        already, or inside a write transaction, that one)."""
         c = self.conn()
-        if self._local.depth:
+        if self._local.depth or c.in_transaction:
             with self.read() as c:
                 yield c
             return

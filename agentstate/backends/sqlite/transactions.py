@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from ...errors import StorageError
+from ...errors import UsageError
 from .errors import outcome_unknown, translate
 
 if TYPE_CHECKING:
@@ -48,8 +48,8 @@ class Write:
         depth = self.depth = local.depth
         store.check_owner()
         if not depth and c.in_transaction:  # a snapshot(): refused before touching it
-            raise StorageError("cannot start a write: this thread's connection is already in a "
-                               "transaction (a read snapshot)")
+            raise UsageError("a write inside db.snapshot(): the block only reads (one "
+                             "consistent state); write after it, or use transaction()")
         try:
             c.execute("SAVEPOINT w" if depth else "BEGIN IMMEDIATE")
             if not depth:

@@ -1,0 +1,142 @@
+"""The store's schema: ``schema_postgres.sql`` (the one copy), its version, and upgrades.
+
+A new store gets the schema in one transaction, under an advisory lock on the
+schema's name, so two clients opening a fresh store at once create it once;
+``MIGRATIONS[n]`` takes a store from version n to n + 1 in that transaction,
+from the schema's own definitions (``schema_function``, ``schema_object``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+
+from ...errors import Damaged, SchemaTooNew, StorageError
+from .errors import translate
+from .statements import quiet_rollback
+
+OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
+              "feed_head", "change_new", "change_pending", "setting", "token")
+
+
+def schema_text() -> str:
+    """The schema: shipped inside the wheel, or the repository's top-level file."""
+    shipped = resources.files("agentstate").joinpath("schema_postgres.sql")
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[3] / "schema_postgres.sql").read_text(encoding="utf-8")
+
+
+SCHEMA = schema_text()
+SCHEMA_VERSION = int(re.findall(r"INSERT INTO agentstate_version \(version\) VALUES \((\d+)\);",
+                                SCHEMA)[-1])
+
+
+def schema_function(name: str) -> str:
+    """The CREATE OR REPLACE statement of one function of the schema, for a migration
+    (so that its definition exists once: in the schema)."""
+    m = re.search(rf"^CREATE FUNCTION {name}\(.*?\$\$;$", SCHEMA, re.S | re.M)
+    if m is None:
+        raise LookupError(f"schema_postgres.sql has no function {name}")
+    return "CREATE OR REPLACE" + m.group(0)[len("CREATE"):]
+
+
+def schema_object(name: str) -> str:
+    """The CREATE statement of one index or view of the schema, for a migration."""
+    m = re.search(rf"^CREATE (?:UNIQUE )?(?:INDEX|VIEW) {name} .*?;$", SCHEMA, re.S | re.M)
+    if m is None:
+        raise LookupError(f"schema_postgres.sql has no index or view {name}")
+    return m.group(0)
+
+
+def _v1_to_v2(c: psycopg.Connection) -> None:
+    """Issue 26: key locks (versions never reused, reads of absent keys in a transaction
+    lock them), times of the write itself, a feed purged by prefix, fork(upto) overflow."""
+    for name in ("kv_next_version", "kv_key_lock", "kv_read_lock", "kv_put", "kv_delete", "kv_touch",
+                 "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired", "feed_purge_step",
+                 "feed_number", "feed_notify", "run_fork"):
+        c.execute(schema_function(name))
+
+
+def _v2_to_v3(c: psycopg.Connection) -> None:
+    """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs."""
+    c.execute(schema_object("run_entry_call"))
+    c.execute("ALTER TABLE run ADD COLUMN pinned boolean NOT NULL DEFAULT false")
+    for name in ("run_prune", "kv_clear", "run_pin"):
+        c.execute(schema_function(name))
+    c.execute("DROP VIEW runs")
+    c.execute(schema_object("runs"))
+
+
+# MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
+# one transaction (under the advisory lock) that opens it.
+MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+
+
+def ensure_schema(c: psycopg.Connection, where: str) -> str:
+    """Create or migrate the store in the connection's current schema; its name.
+
+    In one transaction under an advisory lock on the schema's name, so two
+    clients opening a fresh store at once create it once.
+
+    :raises SchemaTooNew: the store was written by a newer agentstate.
+    :raises Damaged: the schema holds tables of the same names that are not a store.
+    :raises StorageError: the search_path names no existing schema.
+    """
+    try:
+        schema = c.execute("SELECT current_schema()").fetchone()[0]
+        if schema is None:
+            raise StorageError(
+                f"{where}: the search_path names no existing schema: create it (CREATE SCHEMA) "
+                "or name another one in options=-csearch_path%3D...")
+        version = _version(c, schema)
+        if version == SCHEMA_VERSION:
+            return schema
+        _refuse_newer(version, schema, where)
+        c.execute("BEGIN")
+        try:
+            c.execute("SELECT pg_advisory_xact_lock(hashtext('agentstate:' || current_schema()))")
+            version = _version(c, schema)  # another client may have set it up meanwhile
+            _refuse_newer(version, schema, where)
+            if version == 0:
+                clash = c.execute("SELECT string_agg(tablename, ', ') FROM pg_tables "
+                                  "WHERE schemaname = current_schema() AND tablename = ANY(%s)",
+                                  (list(OUR_TABLES),)).fetchone()[0]
+                if clash:
+                    raise Damaged(f"{where}: schema {schema!r} has tables named {clash} but is not "
+                                  "an agentstate store: use another schema")
+                c.execute(SCHEMA)
+                version = SCHEMA_VERSION
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](c)
+                version += 1
+                c.execute("UPDATE agentstate_version SET version = %s", (version,))
+            c.execute("COMMIT")
+        except BaseException:
+            quiet_rollback(c)
+            raise
+    except psycopg.Error as e:
+        raise translate(e) from None
+    return schema
+
+
+def _version(c: psycopg.Connection, schema: str) -> int:
+    # A query of the catalog, not to_regclass(): its cache may still say "no such table"
+    # after another client created it while this one waited for the lock.
+    exists = c.execute("SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() "
+                       "AND tablename = 'agentstate_version')").fetchone()[0]
+    if not exists:
+        return 0
+    row = c.execute(psycopg.sql.SQL("SELECT version FROM {}.agentstate_version").format(
+        psycopg.sql.Identifier(schema))).fetchone()
+    return 0 if row is None else row[0]
+
+
+def _refuse_newer(version: int, schema: str, where: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(f"{where}: schema {schema!r} has agentstate schema version {version}; "
+                           f"this agentstate knows up to {SCHEMA_VERSION}: upgrade agentstate")
