@@ -1,0 +1,142 @@
+"""Parsing JSON from clients: strict (SPEC §2: no NaN or Infinity literals), bounded, and
+never a long stall of the event loop.
+
+The C decoder holds the GIL for the whole of a parse, wherever it runs: 20 MiB of small
+lists is seconds in which no other request is served. So a body is parsed by the C
+decoder only when its count of JSON tokens (bracket, comma and colon bytes: an upper
+bound) is small; a bigger one is parsed by ``_parse_slowly``, a loop in Python with an
+explicit stack, which lets the event loop's thread in every few milliseconds, counts the
+values it makes (TooLarge past ``max_values``) and the depth (InvalidValue past the
+store's), and has no recursion to exhaust. Strings are still scanned by the C
+``scanstring``, so a body of a few big strings parses at nearly C speed either way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from json.decoder import scanstring
+from typing import Any
+
+from agentstate._encoding import MAX_DEPTH
+from agentstate.errors import InvalidValue, TooLarge
+
+FAST_TOKENS = 50_000  # the C decoder: ~10-30 ms for this many tokens, GIL held throughout
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_decode = json.JSONDecoder(parse_constant=_no_constants).decode
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
+def tokens(raw: bytes | str) -> int:
+    """An upper bound of the tokens the C decoder makes of ``raw`` (quick: a few byte counts)."""
+    return sum(raw.count(c) for c in ((b"[", b"{", b",", b":") if isinstance(raw, bytes)
+                                      else ("[", "{", ",", ":")))
+
+
+def parse(raw: bytes | str, max_values: int, max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON value in ``raw``.
+
+    :raises InvalidValue: not UTF-8, not JSON, NaN/Infinity literals, nested too deep.
+    :raises TooLarge: more than ``max_values`` values.
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        raise InvalidValue(f"the body is not UTF-8: {e}") from None
+    try:
+        if tokens(raw) <= min(FAST_TOKENS, max_values):
+            return _decode(text)
+        return _parse_slowly(text, max_values, max_depth)
+    except RecursionError:
+        raise InvalidValue(f"JSON nested deeper than {max_depth} levels") from None
+    except ValueError as e:  # json.JSONDecodeError, and ours
+        if isinstance(e, (InvalidValue, TooLarge)):  # both ValueErrors: ours, as they are
+            raise
+        raise InvalidValue(f"not JSON: {e}") from None
+
+
+def _fail(text: str, i: int, what: str) -> InvalidValue:
+    return InvalidValue(f"not JSON: {what} at character {i}"
+                        + ("" if i >= len(text) else f" ({text[i:i + 20]!r})"))
+
+
+def _key(text: str, i: int) -> tuple[str, int]:
+    """An object's key and the colon after it: the index of its value."""
+    if text[i:i + 1] != '"':
+        raise _fail(text, i, "expected a key in double quotes")
+    key, i = scanstring(text, i + 1, True)
+    i = _WS.match(text, i).end()
+    if text[i:i + 1] != ":":
+        raise _fail(text, i, "expected ':'")
+    return key, _WS.match(text, i + 1).end()
+
+
+def _parse_slowly(text: str, max_values: int, max_depth: int) -> Any:
+    """What json.loads would make of ``text``, one token per step of a Python loop."""
+    n, count = len(text), 0
+    stack: list[Any] = []  # the open containers, innermost last
+    keys: list[str | None] = []  # each open object's key being read (None for a list)
+    i = _WS.match(text, 0).end()
+    while True:
+        if i >= n:
+            raise _fail(text, i, "unexpected end")
+        count += 1
+        if count > max_values:
+            raise TooLarge(f"the body holds more than {max_values:,} JSON values", count, max_values)
+        c = text[i]
+        if c == "{" or c == "[":
+            if len(stack) >= max_depth:
+                raise InvalidValue(f"JSON nested deeper than {max_depth} levels")
+            container: Any = {} if c == "{" else []
+            i = _WS.match(text, i + 1).end()
+            if text[i:i + 1] == ("}" if c == "{" else "]"):
+                value, i = container, i + 1
+            else:
+                stack.append(container)
+                if c == "{":
+                    key, i = _key(text, i)
+                    keys.append(key)
+                else:
+                    keys.append(None)
+                continue  # to the container's first value
+        elif c == '"':
+            value, i = scanstring(text, i + 1, True)
+        elif (m := _NUMBER.match(text, i)) is not None:
+            whole, frac, exp = m.groups()
+            value = float(whole + (frac or "") + (exp or "")) if frac or exp else int(whole)
+            i = m.end()
+        elif text.startswith("true", i):
+            value, i = True, i + 4
+        elif text.startswith("false", i):
+            value, i = False, i + 5
+        elif text.startswith("null", i):
+            value, i = None, i + 4
+        else:
+            raise _fail(text, i, "expected a value")
+        while True:  # put the value in its container; close the containers that end here
+            i = _WS.match(text, i).end()
+            if not stack:
+                if i != n:
+                    raise _fail(text, i, "extra data")
+                return value
+            top = stack[-1]
+            if keys[-1] is None:
+                top.append(value)
+            else:
+                top[keys[-1]] = value
+            c = text[i:i + 1]
+            if c == ",":
+                i = _WS.match(text, i + 1).end()
+                if keys[-1] is not None:
+                    keys[-1], i = _key(text, i)
+                break  # to the next value
+            if c != ("]" if keys[-1] is None else "}"):
+                raise _fail(text, i, "expected ',' or the container's end")
+            value, i = stack.pop(), i + 1
+            keys.pop()

@@ -1,0 +1,103 @@
+"""The server's bounded JSON: its parser agrees with json.loads and its page text with
+json.dumps(indent=2) wherever they can run, and both stay bounded where those would not."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentstate.errors import InvalidValue, TooLarge
+from agentstate.server import _json
+from agentstate.server.ui import _render
+
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(), lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=40)
+
+
+def _no_constants(name):
+    raise ValueError(name)
+
+
+@settings(max_examples=500, deadline=None)
+@given(VALUES, st.sampled_from([None, 0, 2]))
+def test_the_slow_parser_reads_what_json_loads_reads(value, indent):
+    """The GIL-friendly parser is the C decoder's equal on every JSON text."""
+    text = json.dumps(value, indent=indent, ensure_ascii=bool(indent))
+    assert _json._parse_slowly(text, 10**9, 10**6) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "[", "]", "[1,]", '{"a"}', '{"a":1,}', "[1 2]", "NaN",
+                                  "[Infinity]", "[-Infinity]", "-", "01", "{1:2}", "tru", '["a\\x"]',
+                                  '"\x01"', " [ ] x", '{"a":1 "b":2}', "[1,,2]", '{"a" 1}'])
+def test_the_slow_parser_refuses_what_json_loads_refuses(text):
+    with pytest.raises(ValueError):
+        json.loads(text, parse_constant=_no_constants)
+    with pytest.raises(ValueError):
+        _json._parse_slowly(text, 10**9, 10**6)
+    with pytest.raises(InvalidValue):
+        _json.parse(text.encode(), 10**9)
+
+
+def test_parsing_a_hostile_body_is_bounded_and_lets_other_threads_run():
+    """Past FAST_TOKENS the parse counts values (TooLarge past the limit), refuses depth past
+    the store's, and never holds the GIL for long (the C decoder held it for seconds)."""
+    with pytest.raises(InvalidValue, match="deeper"):
+        _json.parse(b"[" * 100_000, 10**6)
+    with pytest.raises(InvalidValue, match="deeper"):
+        _json.parse(b'{"a":' * 100_000 + b"1" + b"}" * 100_000, 10**6)
+    body = b"[" + b",".join([b"[[]]"] * 600_000) + b"]"  # 1.2 million values, 3 MB
+    gaps, done = [], threading.Event()
+
+    def tick():
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        with pytest.raises(TooLarge) as e:
+            _json.parse(body, 1_000_000)
+    finally:
+        done.set()
+        ticker.join()
+    assert (e.value.size, e.value.limit) == (1_000_001, 1_000_000)
+    assert len(gaps) > 10 and max(gaps) < 0.5  # the C decoder: one gap of the whole parse
+    assert _json.parse(b"[" + b",".join([b"[]"] * 100_000) + b"]", 10**6) == [[]] * 100_000
+
+
+@settings(max_examples=500, deadline=None)
+@given(VALUES)
+def test_page_text_is_json_dumps_until_its_cap(value):
+    """Ordinary values look as they did (json.dumps, indent=2); the cap cuts, and says so."""
+    whole = json.dumps(value, indent=2, ensure_ascii=False)
+    assert _render.text(value, 10**9) == (whole, False)
+    assert _render.text(value, 10**9, indent=False)[0] == json.dumps(value, ensure_ascii=False)
+    cut, truncated = _render.text(value, 9)
+    assert cut == whole[:9] and truncated == (len(whole) > 9)
+
+
+def test_deep_values_make_bounded_text_quickly():
+    """100 KB of lists nested 500 deep: json.dumps(indent=2) made 50 MB of it."""
+    one: list = []
+    for _ in range(498):
+        one = [one]
+    value = [one] * 100
+    t0 = time.perf_counter()
+    text, truncated = _render.text(value, _render.VALUE_CAP)
+    assert truncated and len(text) == _render.VALUE_CAP
+    assert max(len(line) - len(line.lstrip()) for line in text.splitlines()) <= 2 * _render.MAX_INDENT
+    assert time.perf_counter() - t0 < 2
+    _render.start_page()
+    shown = [_render.pretty(value) for _ in range(30)]
+    assert sum(len(s.text) for s in shown) <= _render.PAGE_CAP  # the page's budget
+    assert shown[-1].truncated and shown[-1].text == ""
