@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentstate
-from agentstate.errors import CursorExpired, NotFound
+from agentstate.errors import CursorExpired
+
+from .._access import SessionRule
 
 PAGE = 50
 
@@ -21,36 +23,12 @@ def size_of(value: Any) -> int:
                .encode("utf-8", "surrogatepass"))
 
 
-def scope(db: agentstate.Database, kind: str, scope_id: str, p: agentstate.Principal) -> agentstate.Scope:
-    """A scope; a session's only after the access check, as the API's session routes do."""
-    if kind == "session":
-        return db.sessions.state(scope_id, p)
-    return db.scope(kind, scope_id)
-
-
-class Visible:
-    """Which changes a principal may see: for a non-admin, session changes (and keys of
-    session scopes) only of its own sessions — the pages' answer to "a principal sees only
-    its own sessions". Each session is looked up once (a point read, never the list), so
-    a deleted session's changes are hidden from all but admins."""
-
-    def __init__(self, db: agentstate.Database, p: agentstate.Principal) -> None:
-        self.db, self.p = db, p
-        self.seen: dict[str, bool] = {}
-
-    def _own(self, session_id: str) -> bool:
-        if session_id not in self.seen:
-            try:
-                self.db.sessions.get(session_id, self.p)
-                self.seen[session_id] = True
-            except NotFound:
-                self.seen[session_id] = False
-        return self.seen[session_id]
-
-    def __call__(self, c: Any) -> bool:
-        if self.p.admin or not (c.topic == "session" or c.kind == "session"):
-            return True
-        return self._own(c.scope_id)
+def scope(db: agentstate.Database, rule: SessionRule, kind: str, scope_id: str,
+          p: agentstate.Principal) -> agentstate.Scope:
+    """A scope, after the session rule: what the API's key routes would let ``p`` read."""
+    s = db.scope(kind, scope_id)
+    rule.check(p, s.kind, s.id)
+    return s
 
 
 def changes_window(db: agentstate.Database, upto: int, n: int, **filters: Any) -> tuple[list[Any], bool]:
@@ -90,7 +68,7 @@ class Overview:
     shown: int = SHOWN
 
 
-def overview(db: agentstate.Database, p: agentstate.Principal) -> Overview:
+def overview(db: agentstate.Database, rule: SessionRule, p: agentstate.Principal) -> Overview:
     """Counts (up to CAP), the turns that need eyes, the newest runs and changes: each a
     bounded read (the paged lists of SPEC §3/§4), whatever the size of the store."""
     head = db.last_change()
@@ -98,8 +76,7 @@ def overview(db: agentstate.Database, p: agentstate.Principal) -> Overview:
              for name, statuses in SECTIONS.items()}
     runs = db.runs.list(limit=CAP + 1)
     sessions = db.sessions.list(p, limit=CAP + 1)
-    visible = Visible(db, p)
-    latest = [c for c in changes_window(db, head, 200)[0] if visible(c)][-20:]
+    latest = rule.visible(p, changes_window(db, head, 200)[0])[-20:]
     counts = {"sessions": len(sessions), "runs": len(runs), "changes": head,
               "active turns": len(turns["active"]), "held turns": len(turns["held"]),
               "expired leases": len(turns["expired"])}

@@ -1,0 +1,40 @@
+"""Settings (SPEC §10), the admin's checks, liveness and the OpenAPI document."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+
+import agentstate
+
+from .. import _http as h
+from .._api import API, Call
+from .._models import SettingBody
+
+
+async def settings(api: API, c: Call) -> Response:
+    return h.JSON(await h.blocking(api.db.settings))
+
+
+async def set_setting(api: API, c: Call) -> Response:
+    b = await c.json(SettingBody)
+    await h.blocking(api.db.set_setting, c.params["name"], b.value)
+    return h.JSON(await h.blocking(api.db.settings))
+
+
+async def check(api: API, c: Call) -> Response:
+    return h.JSON({"problems": await h.blocking(api.db.check)})
+
+
+async def info(api: API, c: Call) -> Response:
+    return h.JSON(await h.blocking(api.db.info))
+
+
+async def health(api: API, c: Call) -> Response:
+    return h.JSON({"ok": True, "version": agentstate.__version__})
+
+
+async def openapi(api: API, c: Call) -> Response:
+    from .._routes import ROUTES
+    from ..openapi import document
+
+    return h.JSON(document(ROUTES))
