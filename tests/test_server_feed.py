@@ -207,10 +207,13 @@ def test_the_session_rule_answers_with_point_reads_of_the_ids_involved(db):
     never = "s-" + HEX * 2
     rule = SessionRule(db)
     db.sessions.list = None  # a rule that lists sessions would break here
+    reads, get = [], db._ops.session_get
+    db._ops.session_get = lambda sid, *a: (reads.append(sid), get(sid, *a))[1]
     assert rule.hidden(alice, {live, gone, "plain", never}) == {gone, never}
+    assert sorted(reads) == sorted([live, gone, never])  # a point read each; none for "plain"
     assert rule.hidden(bob, {live, gone, "plain", never}) == {live, gone, never}
     assert rule.hidden(ops, {live, gone, "plain", never}) == set()
-    assert rule.hidden(bob, set()) == set()
+    assert rule.hidden(bob, set()) == set() and len(reads) == 6
 
 
 # -- where the cursor moves ---------------------------------------------------------------
@@ -401,3 +404,47 @@ def test_a_page_s_stream_starts_where_the_page_was_rendered(api):
 
     status, body = asyncio.run(main())
     assert status == 200 and b"meanwhile" in body
+
+
+def test_open_long_polls_and_streams_are_bounded_per_principal_and_in_all(api):
+    """Hostile review: each open long poll or stream holds a connection and wakes every
+    second; a token could open them without end. Past the limits: 503 busy, before any 200."""
+    from agentstate.server._limits import LIMITS
+
+    client, db, tok, app = api
+    with LIMITS.override(waits_per_principal=2, waits=3), running(app) as url:
+        def stream(who, **params):
+            s = httpx.stream("GET", url + "/v1/changes/stream", timeout=30, params=params,
+                             headers={"authorization": f"Bearer {tok[who]}"})
+            r = s.__enter__()
+            if r.status_code == 200:
+                r.lines = r.iter_lines()  # kept: a dropped iterator closes the connection
+                next(r.lines)  # open
+            return s, r
+
+        bob = [stream("bob"), stream("bob")]
+        s, r = stream("bob")
+        assert r.status_code == 503 and json.loads(r.read())["error"]["code"] == "busy"
+        s.__exit__(None, None, None)
+        r = httpx.get(url + "/v1/changes", params={"wait": 5},
+                      headers={"authorization": f"Bearer {tok['bob']}"})
+        assert r.status_code == 503  # a long poll counts too
+        assert httpx.get(url + "/v1/changes", headers={"authorization": f"Bearer {tok['bob']}"}
+                         ).status_code == 200  # a plain read holds nothing
+        admin = stream("admin")  # admins have no limit of their own, only the server's
+        s, r = stream("admin")
+        assert r.status_code == 503
+        s.__exit__(None, None, None)
+        bob[0][0].__exit__(None, None, None)  # one closes: room again, once the server sees it
+        deadline = time.monotonic() + 20
+        while app.state.api.waits.total > 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        again = stream("bob")
+        assert again[1].status_code == 200
+        for s, _ in (bob[1], admin, again):
+            s.__exit__(None, None, None)
+        deadline = time.monotonic() + 20
+        while app.state.api.waits.total or app.state.api.waits.open:
+            assert time.monotonic() < deadline, app.state.api.waits.open
+            time.sleep(0.05)

@@ -111,3 +111,18 @@ def test_the_decide_form_refuses_hostile_json_with_a_400(ui, text):
     r = c.post(f"/ui/turns/{t.id}/decide", data={"csrf": csrf, "decision": text})
     assert r.status_code == 400 and "error" in r.text
     assert db.sessions.get_turn(t.id, ops).status == "held"
+
+
+@pytest.mark.parametrize("path", ["/ui/login", "/ui/logout"])
+@pytest.mark.parametrize("body, status", [(b"token=" + b"x" * 5_000_000, 413), (b"token=\xff", 400),
+                                          (b"&".join([b"a=1"] * 200), 400)],
+                         ids=["too-big", "not-utf8", "many-fields"])
+def test_a_bad_sign_in_form_is_an_error_page_not_a_server_error(ui, path, body, status):
+    """Hostile review: the sign-in form (before any token is checked) read 4 MiB, and its
+    errors escaped the pages' handler: a 500 with a traceback."""
+    client, db = ui
+    c = client("bob") if path == "/ui/logout" else \
+        httpx.Client(transport=_Sync(create_app(db)), base_url="http://t")
+    r = c.post(path, content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == status and "text/html" in r.headers["content-type"]
+    assert "default-src 'none'" in r.headers["content-security-policy"]

@@ -43,19 +43,22 @@ class SessionRule:
         - no session with that id, and the id has the form the store gives sessions
           (``s-`` and 32 hex digits): it was a session, since deleted — hidden, from its
           former owner too, because the store does not keep a deleted session's owner;
-        - no session, any other id: a plain scope of kind ``session``, anyone's — visible.
+        - any other id: never a session's (the store makes no other), so a plain scope of
+          kind ``session``, anyone's — visible, and no read is needed.
 
-        Blocking (a store read per id): call it from a worker thread.
+        Blocking (a store read per id of a session's form): call it from a worker thread.
+        tests/test_server_feed.py checks that the store still makes ids of that form.
         """
         if p.admin:
             return set()
         out = set()
         for sid in set(ids):
+            if not SESSION_ID.fullmatch(sid):
+                continue  # never a session's id: a plain scope's, and no read needed
             try:  # the row, not sessions.get(): no metadata (up to 1 MiB) decoded per id
                 owner = self.db._ops.session_get(sid, SEE_ALL.name, True)[1]
             except NotFound:
-                if SESSION_ID.fullmatch(sid):
-                    out.add(sid)
+                out.add(sid)  # of a session's form, and none: a deleted one
                 continue
             if owner != p.name:
                 out.add(sid)

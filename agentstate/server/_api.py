@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import agentstate
-from agentstate.errors import Forbidden, Unauthorized
+from agentstate.errors import Busy, Forbidden, Unauthorized
 
 from . import _http as h
 from . import _json
@@ -29,7 +30,7 @@ from ._limits import LIMITS
 
 TOKEN_CACHE_S = 1.0  # a token's principal is looked up again after this: with the streams'
 # check every LIMITS.stream_recheck seconds, a revoked token stops within 2 s (SPEC §15)
-INLINE_BODY = 64 * 1024  # a body up to this is parsed on the event loop (a few ms at worst)
+INLINE_BODY = 16 * 1024  # a body up to this is parsed on the event loop (a few ms at worst)
 AUTH = ("none", "token", "admin")
 
 
@@ -102,6 +103,36 @@ class Notifier:
             self.loop.call_soon_threadsafe(close)
 
 
+class Waits:
+    """The long polls and streams open now, by principal: each holds a connection and wakes
+    every second, so their number is bounded (``LIMITS.waits``; a non-admin principal's,
+    ``LIMITS.waits_per_principal``). ``check`` before the answer starts, ``hold`` while it runs."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+        self.total = 0
+
+    def check(self, p: agentstate.Principal) -> None:
+        if self.total >= LIMITS.waits:
+            raise Busy(f"the server holds {self.total} long polls and streams open, its limit: "
+                       "try again later")
+        if not p.admin and self.open.get(p.name, 0) >= LIMITS.waits_per_principal:
+            raise Busy(f"{p.name} holds {LIMITS.waits_per_principal} long polls and streams open, "
+                       "the limit for one principal: close one first")
+
+    @contextmanager
+    def hold(self, p: agentstate.Principal) -> Iterator[None]:
+        self.open[p.name] = self.open.get(p.name, 0) + 1
+        self.total += 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            self.open[p.name] -= 1
+            if not self.open[p.name]:
+                del self.open[p.name]  # the table holds only who has one open
+
+
 class API:
     """What every handler shares: the store, the session rule, the notifier, the tokens."""
 
@@ -109,6 +140,7 @@ class API:
         self.db = db
         self.rule = SessionRule(db)
         self.notifier = Notifier(db)
+        self.waits = Waits()
         self._tokens: dict[str, tuple[float, agentstate.Principal | None]] = {}
         self._big: asyncio.Semaphore | None = None  # made on the server's own loop
 
@@ -191,7 +223,7 @@ class Call:
     async def raw(self, limit: int | None = None) -> bytes:
         """The body's bytes, up to the route's limit; a big one waits for its turn."""
         return await h.read_body(self.request, limit or self.route.limit, LIMITS.big_body,
-                                 self._wait_turn)
+                                 self._wait_turn, LIMITS.big_body_seconds)
 
     async def json(self, model: type[BaseModel] | None = None,
                    check: Callable[[dict[str, Any]], None] | None = None) -> Any:
@@ -224,6 +256,24 @@ def page(c: Call) -> tuple[str | None, int | None]:
 def next_after(items: list[Any], limit: int | None) -> str | None:
     """The ``after`` of the next page: the last id, when the page came back full."""
     return items[-1].id if limit and len(items) == limit else None
+
+
+def stored(text: str | bytes | None) -> bytes:
+    """JSON text the store wrote (a value, an entry, a snapshot), as it goes into an answer:
+    not decoded and encoded again. The store's C decoder holds the GIL for the whole of a
+    text, so decoding a hostile 16 MiB entry stalled every request for seconds."""
+    if text is None:
+        return b"null"
+    return text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+
+
+def raw_object(**fields: bytes) -> bytes:
+    """A JSON object of fields already encoded (``stored``, ``h.dumps``)."""
+    return b"{" + b",".join(h.dumps(k) + b":" + v for k, v in fields.items()) + b"}"
+
+
+def json_response(body: bytes, status: int = 200) -> Response:
+    return Response(body, status, media_type="application/json")
 
 
 def iso(dt: datetime | None) -> str | None:

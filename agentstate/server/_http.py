@@ -8,8 +8,10 @@ number), and the values themselves go to the store, which validates them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -60,23 +62,43 @@ def error_response(e: AgentStateError) -> JSON:
 
 
 async def read_body(request: Request, limit: int, big: int | None = None,
-                    on_big: Callable[[], Awaitable[None]] | None = None) -> bytes:
+                    on_big: Callable[[], Awaitable[None]] | None = None,
+                    big_seconds: float | None = None) -> bytes:
     """The raw body; TooLarge as soon as it is known to pass ``limit``, before reading it whole.
-    ``on_big`` is awaited once, before the body grows past ``big`` bytes (a turn to wait for)."""
+    ``on_big`` is awaited once, before the body grows past ``big`` bytes (a turn to wait for);
+    after it the rest must arrive within ``big_seconds`` (InvalidValue: too slow)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the body is {declared} bytes, over the limit of {limit}", int(declared), limit)
+    deadline: float | None = None
+
+    async def turn() -> None:
+        nonlocal deadline
+        await on_big()  # type: ignore[misc]
+        if big_seconds is not None:
+            deadline = time.monotonic() + big_seconds
+
     waited = on_big is None
     if not waited and declared is not None and declared.isdigit() and int(declared) > (big or 0):
-        await on_big()  # type: ignore[misc]
+        await turn()
         waited = True
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            if deadline is None:
+                chunk = await stream.__anext__()
+            else:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise InvalidValue(f"the body did not arrive within {big_seconds:g} s") from None
         size += len(chunk)
         if size > limit:
             raise TooLarge(f"the body is over the limit of {limit} bytes", size, limit)
         if not waited and size > (big or 0):
-            await on_big()  # type: ignore[misc]
+            await turn()
             waited = True
         chunks.append(chunk)
     return b"".join(chunks)

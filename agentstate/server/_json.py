@@ -21,6 +21,8 @@ from typing import Any
 from agentstate._encoding import MAX_DEPTH
 from agentstate.errors import InvalidValue, TooLarge
 
+from ._limits import LIMITS
+
 FAST_TOKENS = 50_000  # the C decoder: ~10-30 ms for this many tokens, GIL held throughout
 
 
@@ -39,11 +41,14 @@ def tokens(raw: bytes | str) -> int:
                                       else ("[", "{", ",", ":")))
 
 
-def parse(raw: bytes | str, max_values: int, max_depth: int = MAX_DEPTH) -> Any:
+def parse(raw: bytes | str, max_values: int, max_depth: int = MAX_DEPTH,
+          max_containers: int | None = None) -> Any:
     """The JSON value in ``raw``.
 
     :raises InvalidValue: not UTF-8, not JSON, NaN/Infinity literals, nested too deep.
-    :raises TooLarge: more than ``max_values`` values.
+    :raises TooLarge: more than ``max_values`` values, or ``max_containers`` of them arrays
+        and objects (default ``LIMITS.json_containers``): the garbage collector walks every
+        live container, so their count bounds its pauses while the value lives.
     """
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -52,7 +57,8 @@ def parse(raw: bytes | str, max_values: int, max_depth: int = MAX_DEPTH) -> Any:
     try:
         if tokens(raw) <= min(FAST_TOKENS, max_values):
             return _decode(text)
-        return _parse_slowly(text, max_values, max_depth)
+        return _parse_slowly(text, max_values, max_depth,
+                             max_containers=max_containers or LIMITS.json_containers)
     except RecursionError:
         raise InvalidValue(f"JSON nested deeper than {max_depth} levels") from None
     except ValueError as e:  # json.JSONDecodeError, and ours
@@ -77,26 +83,70 @@ def _key(text: str, i: int) -> tuple[str, int]:
     return key, _WS.match(text, i + 1).end()
 
 
-def _parse_slowly(text: str, max_values: int, max_depth: int) -> Any:
-    """What json.loads would make of ``text``, one token per step of a Python loop."""
-    n, count = len(text), 0
-    stack: list[Any] = []  # the open containers, innermost last
+def parse_prefix(raw: bytes | str, max_values: int) -> tuple[Any, bool]:
+    """As much of the JSON value in ``raw`` as ``max_values`` values make, and whether it was
+    cut: for showing a value (a page shows a few thousand values at most), never for storing.
+
+    :raises InvalidValue: as ``parse``.
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if tokens(raw) <= min(FAST_TOKENS, max_values):
+            return _decode(text), False
+        return _parse_slowly(text, max_values, MAX_DEPTH, partial=True)
+    except UnicodeDecodeError as e:
+        raise InvalidValue(f"not UTF-8: {e}") from None
+    except RecursionError:
+        raise InvalidValue(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:
+        if isinstance(e, InvalidValue):
+            raise
+        raise InvalidValue(f"not JSON: {e}") from None
+
+
+def _parse_slowly(text: str, max_values: int, max_depth: int, partial: bool = False,
+                  max_containers: int | None = None) -> Any:
+    """What json.loads would make of ``text``, one token per step of a Python loop.
+    ``partial``: past ``max_values``, (what was made so far, True) instead of TooLarge."""
+    n, count, containers = len(text), 0, 0
+    max_containers = max_containers or max_values
+    root: Any = None
+    stack: list[Any] = []  # the open containers, innermost last (each already in its parent)
     keys: list[str | None] = []  # each open object's key being read (None for a list)
+
+    def put(value: Any) -> None:  # into the innermost open container, or as the root
+        nonlocal root
+        if not stack:
+            root = value
+        elif keys[-1] is None:
+            stack[-1].append(value)
+        else:
+            stack[-1][keys[-1]] = value
+
     i = _WS.match(text, 0).end()
     while True:
         if i >= n:
             raise _fail(text, i, "unexpected end")
         count += 1
         if count > max_values:
+            if partial:
+                return root, True
             raise TooLarge(f"the body holds more than {max_values:,} JSON values", count, max_values)
         c = text[i]
         if c == "{" or c == "[":
             if len(stack) >= max_depth:
                 raise InvalidValue(f"JSON nested deeper than {max_depth} levels")
+            containers += 1
+            if containers > max_containers:
+                if partial:
+                    return root, True
+                raise TooLarge(f"the body holds more than {max_containers:,} JSON arrays and "
+                               "objects", containers, max_containers)
             container: Any = {} if c == "{" else []
+            put(container)
             i = _WS.match(text, i + 1).end()
             if text[i:i + 1] == ("}" if c == "{" else "]"):
-                value, i = container, i + 1
+                i += 1
             else:
                 stack.append(container)
                 if c == "{":
@@ -107,29 +157,28 @@ def _parse_slowly(text: str, max_values: int, max_depth: int) -> Any:
                 continue  # to the container's first value
         elif c == '"':
             value, i = scanstring(text, i + 1, True)
+            put(value)
         elif (m := _NUMBER.match(text, i)) is not None:
             whole, frac, exp = m.groups()
-            value = float(whole + (frac or "") + (exp or "")) if frac or exp else int(whole)
+            put(float(whole + (frac or "") + (exp or "")) if frac or exp else int(whole))
             i = m.end()
         elif text.startswith("true", i):
-            value, i = True, i + 4
+            put(True)
+            i += 4
         elif text.startswith("false", i):
-            value, i = False, i + 5
+            put(False)
+            i += 5
         elif text.startswith("null", i):
-            value, i = None, i + 4
+            put(None)
+            i += 4
         else:
             raise _fail(text, i, "expected a value")
-        while True:  # put the value in its container; close the containers that end here
+        while True:  # after a value: the next one, or the end of containers
             i = _WS.match(text, i).end()
             if not stack:
                 if i != n:
                     raise _fail(text, i, "extra data")
-                return value
-            top = stack[-1]
-            if keys[-1] is None:
-                top.append(value)
-            else:
-                top[keys[-1]] = value
+                return (root, False) if partial else root
             c = text[i:i + 1]
             if c == ",":
                 i = _WS.match(text, i + 1).end()
@@ -138,5 +187,6 @@ def _parse_slowly(text: str, max_values: int, max_depth: int) -> Any:
                 break  # to the next value
             if c != ("]" if keys[-1] is None else "}"):
                 raise _fail(text, i, "expected ',' or the container's end")
-            value, i = stack.pop(), i + 1
+            stack.pop()
             keys.pop()
+            i += 1

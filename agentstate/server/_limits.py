@@ -9,7 +9,9 @@ read at once. A batch holds the write lock for each of its ops, so their count i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 KIB, MIB = 1024, 1024 * 1024
@@ -35,6 +37,18 @@ class Limits:
         except KeyError:
             raise AttributeError(name) from None
 
+    @contextmanager
+    def override(self, **values: int) -> Iterator[None]:
+        """Some values changed for a while (a test's smaller ones), wherever they are read at
+        call time (the route table reads its body limits once)."""
+        saved = dict(self._all)
+        self._all.update({n: replace(self._all[n], value=v) for n, v in values.items()})
+        try:
+            yield
+        finally:
+            self._all.clear()
+            self._all.update(saved)
+
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {n: {"value": x.value, "unit": x.unit, "what": x.what} for n, x in self._all.items()}
 
@@ -54,17 +68,27 @@ LIMITS = Limits(
     Limit("batch_ops", 1000, "ops", "POST /v1/batch: ops in one batch (each holds the write lock)"),
     Limit("run_body", 17 * MIB, "bytes", "POST /v1/runs/{run_id}/write: one entry or snapshot of "
           "the store's 16 MiB limit, and 1 MiB more"),
-    Limit("json_values", 1_000_000, "values", "JSON values (containers and scalars) in one body; "
-          "more: 413 too_large"),
+    Limit("json_values", 1_000_000, "values", "JSON values (arrays, objects and scalars) in one "
+          "body; more: 413 too_large"),
+    Limit("json_containers", 250_000, "values", "arrays and objects in one body (the garbage "
+          "collector's pauses grow with them); more: 413 too_large"),
     Limit("big_body", 1 * MIB, "bytes", "a body over this is read, parsed and written while at most "
           "`big_bodies` such bodies are (the others wait their turn)"),
     Limit("big_bodies", 2, "requests", "bodies over `big_body` handled at once"),
+    Limit("big_body_seconds", 60, "s", "the rest of a body over `big_body` must arrive within this "
+          "once its turn has come (else 400 invalid_value): a slow client cannot hold a turn"),
     Limit("long_poll_wait", 300, "s", "GET /v1/changes?wait=: the longest a long poll holds"),
+    Limit("waits_per_principal", 64, "requests", "long polls (with `wait`) and streams (the API's "
+          "and the pages') one non-admin principal holds open at once; more: 503 busy"),
+    Limit("waits", 512, "requests", "long polls and streams open at once on one server; more: "
+          "503 busy"),
     Limit("feed_page", 10_000, "changes", "`limit` of /v1/changes and /v1/changes/stream "
           "(default 1,000)"),
     Limit("list_page", 10_000, "items", "`limit` of the list routes (keys, runs, sessions, turns); "
           "without `limit` a list answers every item"),
     Limit("form_body", 4 * MIB, "bytes", "a form of the pages at /ui (a decision of up to 1 MiB)"),
+    Limit("signin_form", 8 * KIB, "bytes", "the sign-in and sign-out forms of the pages (before "
+          "a sign-in is checked)"),
     Limit("stream_recheck", 1, "s", "how often an open stream or long poll checks that its "
           "token (or page sign-in) still stands"),
 )

@@ -73,4 +73,5 @@ def create_app(db: agentstate.Database) -> Starlette:
         lifespan=lifespan,
     )
     app.state.notifier = api.notifier  # serve's Ctrl-C calls its stop_waiting()
+    app.state.api = api
     return app

@@ -148,7 +148,8 @@ def _operation(route: Any) -> dict[str, Any]:
                             404: "not found", 409: "conflict", 410: "cursor expired",
                             413: "too large", 500: "damaged", 503: "busy"}[status],
             "content": {"application/json": {"schema": ERROR}}}
-    limit = f"At most {route.limit:,} bytes (more: 413 too_large) and {LIMITS.json_values:,} JSON values."
+    limit = (f"At most {route.limit:,} bytes, {LIMITS.json_values:,} JSON values and "
+             f"{LIMITS.json_containers:,} arrays and objects (more: 413 too_large).")
     if route.body == "action":
         op["requestBody"] = {"required": True, "description": limit, "content": {"application/json": {
             "schema": {"anyOf": [_body_schema(m) for m in ACTION_BODIES]}}}}

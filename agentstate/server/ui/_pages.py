@@ -10,9 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentstate
-from agentstate.errors import CursorExpired
+from agentstate._encoding import check_key
+from agentstate._runs import RunHead, parse_time
+from agentstate.errors import CursorExpired, InvalidValue, TooLarge
 
+from .. import _json
 from .._access import SessionRule
+from .._limits import LIMITS
 
 PAGE = 50
 
@@ -29,6 +33,50 @@ def scope(db: agentstate.Database, rule: SessionRule, kind: str, scope_id: str,
     s = db.scope(kind, scope_id)
     rule.check(p, s.kind, s.id)
     return s
+
+
+@dataclass
+class Stored:
+    """A key's value as the store holds it: JSON text (``text``), or bytes (``data``)."""
+
+    version: int
+    text: str | None
+    data: bytes | None
+    is_list: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.data) if self.data is not None else len((self.text or "").encode("utf-8"))
+
+
+def stored(db: agentstate.Database, sc: agentstate.Scope, key: str) -> Stored | None:
+    """A key's row, not decoded (the store's C decoder holds the GIL for a whole value: a
+    hostile 1 MiB of nested lists stalled every request; the pages parse with _json)."""
+    row = db._ops.kv_get(sc.kind, sc.id, key, raw=True)
+    if row is None:
+        return None
+    type_, value, version, items = row
+    if type_ == "bytes":
+        try:  # bytes that are UTF-8 JSON show as JSON, as get() would read them
+            text = value.decode("utf-8")
+            if value.strip() and len(value) <= 1024 * 1024:
+                _json.parse(text, LIMITS.json_values)
+                return Stored(version, text, None)
+        except (UnicodeDecodeError, InvalidValue, TooLarge):
+            pass
+        return Stored(version, None, value)
+    if type_ == "list":
+        return Stored(version, "[" + (items or "") + "]", None, True)
+    return Stored(version, value, None)
+
+
+SHOWN_VALUES = 50_000  # values parsed for a page: past them a value is cut (a page shows fewer)
+
+
+def parse(text: str) -> tuple[Any, bool]:
+    """Stored JSON text as a value for a page, and whether it was cut: parsed a piece at a
+    time, and only as far as a page could show (_json.parse_prefix)."""
+    return _json.parse_prefix(text, SHOWN_VALUES)
 
 
 def changes_window(db: agentstate.Database, upto: int, n: int, **filters: Any) -> tuple[list[Any], bool]:
@@ -96,30 +144,48 @@ class RunPage:
     snapshot: Any
 
 
+def _head(db: agentstate.Database, run_id: str) -> RunHead:
+    """``runs.head()``, its snapshot parsed by _json (see ``stored``)."""
+    got = db._ops.run_head(check_key(run_id, "run id"))
+    if got is None:
+        raise agentstate.RunNotFound(f"no run {run_id!r}")
+    snapshot, next_seq, fmt, first, created, updated = got
+    return RunHead(run_id, None if snapshot is None else _shown(snapshot), first, next_seq, fmt,
+                   parse_time(created), parse_time(updated))
+
+
+def _shown(text: str, seq: int | None = None) -> Any:
+    """An entry or a snapshot for a page: cut past what a page shows (its JSON link has all)."""
+    value, cut = parse(text)
+    if cut and isinstance(value, dict) and seq is not None:
+        value.setdefault("seq", seq)  # the timeline needs it, wherever it was in the text
+    return value
+
+
+def entries(db: agentstate.Database, run_id: str, since: int, n: int | None) -> list[dict[str, Any]]:
+    """``runs.entries()``, parsed by _json."""
+    return [_shown(text, seq) for seq, text in db._ops.run_entries(run_id, since, n)]
+
+
 def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int = PAGE) -> RunPage:
     """One page of a run's entries, the newest by default: ``tail`` and ``entries``
     read only the page (and the first entry), whatever the run's length."""
-    rh = db.runs.head(run_id)
-    if rh is None:
-        raise agentstate.RunNotFound(f"no run {run_id!r}")
+    rh = _head(db, run_id)
     first, last = (rh.first_seq, rh.next_seq - 1) if rh.next_seq > rh.first_seq else (None, None)
     newest = before is None or last is None or before > last
     if last is None:
-        entries = []
+        rows = []
     elif newest:
-        entries = db.runs.tail(run_id, size)
+        rows = [_shown(text, seq) for seq, text in db._ops.run_tail(run_id, size)]
     else:
         since = max(first, before - size)
-        entries = db.runs.entries(run_id, since, max(0, before - since))
-    lo = entries[0]["seq"] if entries else None
+        rows = entries(db, run_id, since, max(0, before - since))
+    lo = rows[0]["seq"] if rows else None
     older = lo if lo is not None and first is not None and lo > first else None
     newer = None if newest or before is None or before + size > last else before + size
-    return RunPage(run_id, rh.summary, entries, first, last, older, newer, newest, rh.snapshot)
+    return RunPage(run_id, rh.summary, rows, first, last, older, newer, newest, rh.snapshot)
 
 
 def snapshot_page(db: agentstate.Database, run_id: str) -> Any:
-    """A run's snapshot on a page of its own (``runs.head``: the history is not read)."""
-    rh = db.runs.head(run_id)
-    if rh is None:
-        raise agentstate.RunNotFound(f"no run {run_id!r}")
-    return rh.snapshot
+    """A run's snapshot on a page of its own (the history is not read)."""
+    return _head(db, run_id).snapshot

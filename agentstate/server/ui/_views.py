@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 TURNS = 20  # turns on a session's page
 FORM_LIMIT = LIMITS.form_body  # a decision of up to 1 MiB, form-encoded
+SIGNIN_FORM = LIMITS.signin_form  # signing in and out: a token, a path, a CSRF token
 STREAM_PAGE = 200  # changes a page's stream reads at a time
 # Nothing from elsewhere: our own script and style only; no inline script can run.
 HEADERS = {
@@ -116,12 +117,20 @@ class UI:
 
         return handler
 
-    async def form(self, request: Request) -> dict[str, str]:
-        raw = await h.read_body(request, FORM_LIMIT)
-        try:
-            return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False))
-        except UnicodeDecodeError:
-            raise InvalidValue("the form is not UTF-8") from None
+    async def form(self, request: Request, limit: int = FORM_LIMIT) -> dict[str, str]:
+        """The form's fields; a big one parsed in a worker thread."""
+        raw = await h.read_body(request, limit)
+
+        def parse() -> dict[str, str]:
+            try:
+                return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True,
+                                      strict_parsing=False, max_num_fields=100))
+            except UnicodeDecodeError:
+                raise InvalidValue("the form is not UTF-8") from None
+            except ValueError as e:  # more fields than any of our forms has
+                raise InvalidValue(f"not one of our forms: {e}") from None
+
+        return parse() if len(raw) <= 16 * 1024 else await h.blocking(parse)
 
     # -- signing in -------------------------------------------------------------------
 
@@ -133,7 +142,7 @@ class UI:
         if not same_origin(request):
             return await self.render(request, "error.html", None, 403, title="Refused",
                                message="a sign-in from another site's page")
-        f = await self.form(request)
+        f = await self.form(request, SIGNIN_FORM)  # before signing in: small
         nxt = safe_next(f.get("next", ""))
         sid = await self.signins.start(f.get("token", "").strip())
         if sid is None:
@@ -145,7 +154,8 @@ class UI:
 
     async def logout(self, request: Request) -> Response:
         signin = await self.signins.find(request)
-        if signin is not None and same_origin(request) and csrf_ok(signin, (await self.form(request)).get("csrf", "")):
+        if signin is not None and same_origin(request) and \
+                csrf_ok(signin, (await self.form(request, SIGNIN_FORM)).get("csrf", "")):
             self.signins.end(request)
         r = RedirectResponse("/ui/login", 303, headers=HEADERS)
         r.delete_cookie(COOKIE, path="/ui")
@@ -170,7 +180,7 @@ class UI:
         if _as_json(request):
             return await self.raw({"entries": rp.entries, "snapshot": rp.snapshot})
         items = await h.blocking(timeline, rp.entries,
-                                 lambda since, n: self.db.runs.entries(run_id, since, n))
+                                 lambda since, n: pages.entries(self.db, run_id, since, n))
         return await self.render(request, "run.html", s, rp=rp, items=items,
                            watch=f"run::{run_id}" if rp.newest else "")
 
@@ -196,7 +206,7 @@ class UI:
         def read() -> tuple[Any, ...]:
             info = self.db.sessions.get(sid, s.principal)
             turns = self.db.sessions.turns(sid, s.principal, after=after, limit=TURNS + 1)
-            keys = _keys(self.db.sessions.state(sid, s.principal), None)
+            keys = _keys(self.db, self.db.sessions.state(sid, s.principal), None)
             return info, turns, keys
 
         info, turns, keys = await h.blocking(read)
@@ -271,7 +281,7 @@ class UI:
         after = request.query_params.get("after") or None
 
         def read() -> Any:
-            return _keys(pages.scope(self.db, self.api.rule, kind, sid, s.principal), after)
+            return _keys(self.db, pages.scope(self.db, self.api.rule, kind, sid, s.principal), after)
 
         keys = await h.blocking(read)
         return await self.render(request, "scope.html", s, kind=kind, sid=sid, keys=keys, after=after,
@@ -283,28 +293,27 @@ class UI:
 
         def read() -> dict[str, Any]:
             sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal)
-            if _as_json(request):  # the row's type too: JSON, or bytes (no public call says)
-                row = self.db._ops.kv_get(sc.kind, sc.id, key, raw=True)
-                return {"raw": sc.get_bytes(key), "bytes": row is not None and row[0] == "bytes"}
-            out: dict[str, Any] = {"expires_at": sc.expires_at(key), "bytes": None, "items": None}
-            try:
-                out["value"], out["version"] = sc.get_versioned(key)
-            except json.JSONDecodeError:
-                data = sc.get_bytes(key) or b""
-                out.update(value=None, version=None, bytes=data[:4096], size=len(data))
-                return out
-            if out["version"] == 0:
+            row = pages.stored(self.db, sc, key)
+            if row is None:
                 raise NotFound(f"no key {key!r} in {kind}:{sid}")
-            out["size"] = pages.size_of(out["value"])
-            if isinstance(out["value"], list):
-                out["length"] = len(out["value"])
-                out["items"] = sc.slice(key, start, start + pages.PAGE)
+            if _as_json(request):  # the value as stored: JSON, or bytes
+                return {"raw": row.data if row.data is not None else row.text.encode("utf-8"),
+                        "bytes": row.data is not None}
+            out: dict[str, Any] = {"expires_at": sc.expires_at(key), "bytes": None, "items": None,
+                                   "size": row.size, "version": row.version}
+            if row.data is not None:
+                out.update(value=None, version=None, bytes=row.data[:4096])
+                return out
+            if row.is_list:  # a page of its items, each parsed as far as a page shows
+                out["length"] = sc.length(key)
+                texts = self.db._ops.kv_slice(sc.kind, sc.id, key, start, start + pages.PAGE) or []
+                out["items"] = [pages.parse(t)[0] for t in texts]
+            else:
+                out["value"] = pages.parse(row.text)[0]
             return out
 
         k = await h.blocking(read)
-        if "raw" in k:  # the value as stored: JSON, or bytes
-            if k["raw"] is None:
-                raise NotFound(f"no key {key!r} in {kind}:{sid}")
+        if "raw" in k:
             return Response(k["raw"], headers={**HEADERS, "content-disposition": "inline"},
                             media_type="application/octet-stream" if k["bytes"]
                             else "application/json")
@@ -349,9 +358,16 @@ class UI:
             # away too long: the page reloads what it shows, and the stream goes on from now
             return h.sse({}, event="resync"), await h.blocking(db.last_change)
 
-        return h.event_stream(request, feed.stream(
-            self.api.notifier, read_from, since, still, first=b"retry: 1000\n\n",
-            on_expired=expired, denied=lambda e: h.sse({}, event="signedout")))
+        async def events() -> AsyncIterator[bytes]:
+            with self.api.waits.hold(signin.principal):
+                async for chunk in feed.stream(
+                        self.api.notifier, read_from, since, still, first=b"retry: 1000\n\n",
+                        on_expired=expired, denied=lambda e: h.sse({}, event="signedout")):
+                    yield chunk
+
+        if request.method != "HEAD":
+            self.api.waits.check(signin.principal)
+        return h.event_stream(request, events())
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -367,19 +383,20 @@ def _next(rows: list[Any], size: int = pages.PAGE) -> str | None:
     return rows[size - 1].id if len(rows) > size else None
 
 
-def _keys(sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
+def _keys(db: agentstate.Database, sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
     """A page of a scope's keys, each with its version, size, expiry and a preview."""
     names = sc.list(after=after, limit=pages.PAGE + 1)
     rows = []
     for key in names[:pages.PAGE]:
-        try:
-            value, version = sc.get_versioned(key)
-            size: int | None = pages.size_of(value) if version else None
-            preview = _render.short(value)
-        except json.JSONDecodeError:
-            data = sc.get_bytes(key) or b""
-            value, version, size, preview = None, None, len(data), f"({len(data)} bytes, not JSON)"
-        rows.append({"key": key, "version": version, "size": size, "preview": preview,
+        row = pages.stored(db, sc, key)
+        if row is None:  # expired or deleted meanwhile
+            continue
+        if row.data is not None:
+            version, preview = None, f"({row.size} bytes, not JSON)"
+        else:  # the stored text, compact: a preview needs no parse
+            version = row.version
+            preview = row.text if len(row.text) <= 120 else row.text[:120] + "…"
+        rows.append({"key": key, "version": version, "size": row.size, "preview": preview,
                      "expires_at": sc.expires_at(key)})
     return {"rows": rows, "next": names[pages.PAGE - 1] if len(names) > pages.PAGE else None}
 
@@ -394,9 +411,9 @@ def _turn(t: agentstate.Turn) -> dict[str, Any]:
             "created_at": _when(t.created_at), "updated_at": _when(t.updated_at)}
 
 
-def routes(api: API) -> list[BaseRoute]:
+def routes(api: API, ui: UI | None = None) -> list[BaseRoute]:
     """The routes of the pages, to mount beside the API's."""
-    ui = UI(api)
+    ui = ui or UI(api)
     p = ui.page
     return [
         Route("/ui", p(ui.overview), methods=["GET"]),
@@ -423,7 +440,8 @@ def routes(api: API) -> list[BaseRoute]:
 
 def middleware(api: API) -> Middleware:
     """Serve the pages (any path under /ui) before the API's router sees the request."""
-    router = Router(routes(api))
+    ui = UI(api)
+    router = Router(routes(api, ui))
 
     class Pages:
         def __init__(self, app: ASGIApp) -> None:
@@ -438,5 +456,9 @@ def middleware(api: API) -> Middleware:
             except HTTPException as e:  # no such page, or a method it does not take
                 await Response(f"{e.status_code} {e.detail}", e.status_code, media_type="text/plain",
                                headers=e.headers)(scope, receive, send)
+            except AgentStateError as e:  # outside a page's own handler: signing in, a form
+                page = await ui.render(Request(scope), "error.html", None, e.status,
+                                       title=type(e).__name__, message=str(e))
+                await page(scope, receive, send)
 
     return Middleware(Pages)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from starlette.responses import Response
 
 import agentstate
@@ -33,8 +35,13 @@ async def health(api: API, c: Call) -> Response:
     return h.JSON({"ok": True, "version": agentstate.__version__})
 
 
-async def openapi(api: API, c: Call) -> Response:
+@functools.cache
+def _document() -> bytes:
     from .._routes import ROUTES
     from ..openapi import document
 
-    return h.JSON(document(ROUTES))
+    return h.dumps(document(ROUTES))  # the same for every caller: made once
+
+
+async def openapi(api: API, c: Call) -> Response:
+    return Response(_document(), media_type="application/json")

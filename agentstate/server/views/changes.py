@@ -8,6 +8,7 @@ every ``LIMITS.stream_recheck`` seconds while it is open, and ends (401) once re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from typing import Any
@@ -40,21 +41,29 @@ async def changes(api: API, c: Call) -> Response:
     if c.request.method == "HEAD":
         wait = 0.0  # the headers of a GET, at once
     read = functools.partial(feed.read, api.db, api.rule)
+    if wait:
+        api.waits.check(c.p)
     deadline = time.monotonic() + wait
     gone = asyncio.ensure_future(h.disconnected(c.request)) if wait else None
     try:
-        while True:
-            event = api.notifier.event  # before the read: a change during it is not missed
-            shown, since, more = await h.blocking(read, c.p, since, limit, flt)
-            left = deadline - time.monotonic()
-            if shown or left <= 0 or api.notifier.closing or (gone and gone.done()):
-                return await c.answer({"changes": [change(x) for x in shown], "last": since})
-            if not more:  # no connection held meanwhile
-                await api.notifier.wait(min(left, LIMITS.stream_recheck), event, gone)
-            await c.still()  # revoked meanwhile: 401, and nothing more is shown
+        with api.waits.hold(c.p) if wait else contextlib.nullcontext():
+            return await _poll(api, c, read, since, limit, flt, deadline, gone)
     finally:
         if gone:
             gone.cancel()
+
+
+async def _poll(api: API, c: Call, read: Any, since: int, limit: int, flt: dict[str, Any],
+                deadline: float, gone: asyncio.Future[None] | None) -> Response:
+    while True:
+        event = api.notifier.event  # before the read: a change during it is not missed
+        shown, since, more = await h.blocking(read, c.p, since, limit, flt)
+        left = deadline - time.monotonic()
+        if shown or left <= 0 or api.notifier.closing or (gone and gone.done()):
+            return await c.answer({"changes": [change(x) for x in shown], "last": since})
+        if not more:  # no connection held meanwhile
+            await api.notifier.wait(min(left, LIMITS.stream_recheck), event, gone)
+        await c.still()  # revoked meanwhile: 401, and nothing more is shown
 
 
 async def changes_head(api: API, c: Call) -> Response:
@@ -83,13 +92,18 @@ async def changes_stream(api: API, c: Call) -> Response:
         return feed.error_event(e), None  # the client resynchronises, as after a 410
 
     async def events() -> Any:
-        shown, last, more = first
-        yield b": agentstate change stream\n\n"
-        for x in shown:
-            yield h.sse(change(x), id=x.seq)
-        if last != since and (not shown or shown[-1].seq != last):
-            yield h.sse(id=last)
-        async for chunk in feed.stream(api.notifier, read_from, last, still, on_expired=expired):
-            yield chunk
+        with api.waits.hold(c.p):  # from its first event to its end (a stream never started
+            shown, last, more = first  # is no stream: Starlette may never run this)
+            yield b": agentstate change stream\n\n"
+            for x in shown:
+                yield h.sse(change(x), id=x.seq)
+            if last != since and (not shown or shown[-1].seq != last):
+                yield h.sse(id=last)
+            async for chunk in feed.stream(api.notifier, read_from, last, still,
+                                           on_expired=expired):
+                yield chunk
+
+    if c.request.method != "HEAD":
+        api.waits.check(c.p)
 
     return h.event_stream(c.request, events())

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.responses import Response
 
 import agentstate
+from agentstate._encoding import check_key
 from agentstate._scope import KEEP
 from agentstate.errors import InvalidValue, NotFound, TooLarge
 
 from .. import _http as h
-from .._api import API, Call, iso
+from .. import _json
+from .._api import API, Call, iso, json_response, raw_object, stored
 from .._limits import LIMITS
 from .._models import AppendBody, BatchBody, PopBody, PutBody, TouchBody
 
@@ -36,14 +37,24 @@ async def get_key(api: API, c: Call) -> Response:
         if data is None:
             raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
         return Response(data, media_type="application/octet-stream")
-    try:
-        value, version = await h.blocking(s.get_versioned, key)
-    except json.JSONDecodeError as e:
-        raise InvalidValue(f"the stored bytes are not JSON ({e}): ask with Accept: "
-                           "application/octet-stream") from None
-    if version == 0:
-        raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
-    return await c.answer({"key": key, "value": value, "version": version})
+    check_key(key)
+
+    def read() -> bytes:
+        row = api.db._ops.kv_get(s.kind, s.id, key)  # as stored: no decoding (_api.stored)
+        if row is None:
+            raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
+        type_, value, version, items = row
+        if type_ == "list":
+            value = "[" + (items or "") + "]"
+        elif type_ == "bytes":  # any bytes may be stored: JSON only if they parse (SPEC §2)
+            try:
+                _json.parse(value, LIMITS.json_values)
+            except (InvalidValue, TooLarge) as e:
+                raise InvalidValue(f"the stored bytes are not JSON ({e}): ask with Accept: "
+                                   "application/octet-stream") from None
+        return raw_object(key=h.dumps(key), value=stored(value), version=h.dumps(version))
+
+    return json_response(await h.blocking(read))
 
 
 async def put_key(api: API, c: Call) -> Response:

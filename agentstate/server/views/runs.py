@@ -3,7 +3,6 @@ writes them; pruning (which may delete every run) is for admins, as for sessions
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.responses import Response
@@ -11,7 +10,9 @@ from starlette.responses import Response
 import agentstate
 
 from .. import _http as h
-from .._api import API, Call, iso, next_after, page
+from agentstate._runs import parse_time
+
+from .._api import API, Call, iso, json_response, next_after, page, raw_object, stored
 from .._models import ForkBody, PruneRunsBody, TrimBody, WriteBody
 
 
@@ -33,34 +34,37 @@ async def runs_list(api: API, c: Call) -> Response:
 
 
 async def run_get(api: API, c: Call) -> Response:
-    run_id = c.params["run_id"]
+    run_id = _run_id(c.params["run_id"])
 
     def read() -> bytes:
-        # The backend's own read (the seam's run_read): a remote load() checks the
-        # history against its recorded bounds and format as a local one does.
-        got = api.db._ops.run_read(_run_id(run_id))
+        # The backend's own read (the seam's run_read): a remote load() checks the history
+        # against its recorded bounds and format as a local one does. Entries and snapshot
+        # go out as stored (see _api.stored).
+        got = api.db._ops.run_read(run_id)
         if got is None:
             raise agentstate.RunNotFound(f"no run {run_id!r}")
         (snapshot, next_seq, fmt, first, *_), rows = got
-        try:
-            entries = [json.loads(text) for _, text in rows]
-            snap = None if snapshot is None else json.loads(snapshot)
-        except ValueError as e:
-            raise agentstate.Damaged(f"run {run_id!r}: a stored entry or the snapshot is not "
-                                     f"JSON: {e}") from None
-        return h.dumps({"id": run_id, "snapshot": snap, "entries": entries, "first_seq": first,
-                        "next_seq": next_seq, "format": fmt})
+        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot),
+                          entries=_entries(rows), first_seq=h.dumps(first),
+                          next_seq=h.dumps(next_seq), format=h.dumps(fmt))
 
-    return Response(await h.blocking(read), media_type="application/json")
+    return json_response(await h.blocking(read))
 
 
 async def run_head(api: API, c: Call) -> Response:
-    head = await h.blocking(api.db.runs.head, c.params["run_id"])
-    if head is None:
-        raise agentstate.RunNotFound(f"no run {c.params['run_id']!r}")
-    return await c.answer({"id": head.id, "snapshot": head.snapshot, "first_seq": head.first_seq,
-                           "next_seq": head.next_seq, "format": head.format,
-                           "created_at": iso(head.created_at), "updated_at": iso(head.updated_at)})
+    run_id = _run_id(c.params["run_id"])
+
+    def read() -> bytes:
+        got = api.db._ops.run_head(run_id)
+        if got is None:
+            raise agentstate.RunNotFound(f"no run {run_id!r}")
+        snapshot, next_seq, fmt, first, created, updated = got
+        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot), first_seq=h.dumps(first),
+                          next_seq=h.dumps(next_seq), format=h.dumps(fmt),
+                          created_at=h.dumps(iso(parse_time(created))),
+                          updated_at=h.dumps(iso(parse_time(updated))))
+
+    return json_response(await h.blocking(read))
 
 
 async def run_delete(api: API, c: Call) -> Response:
@@ -73,15 +77,21 @@ async def run_write(api: API, c: Call) -> Response:
     return h.JSON({"written": True})
 
 
+def _entries(rows: list[tuple[int, str]]) -> bytes:
+    return b"[" + b",".join(stored(text) for _, text in rows) + b"]"
+
+
 async def run_entries(api: API, c: Call) -> Response:
-    entries = await h.blocking(api.db.runs.entries, c.params["run_id"],
-                               h.query_int(c.request, "since", 0), h.query_int(c.request, "limit"))
-    return await c.answer({"entries": entries})
+    run_id = _run_id(c.params["run_id"])
+    since, limit = h.query_int(c.request, "since", 0), h.query_int(c.request, "limit")
+    rows = await h.blocking(api.db._ops.run_entries, run_id, since, limit)
+    return json_response(raw_object(entries=await h.blocking(_entries, rows)))
 
 
 async def run_tail(api: API, c: Call) -> Response:
-    n = h.query_int(c.request, "n", 20)
-    return await c.answer({"entries": await h.blocking(api.db.runs.tail, c.params["run_id"], n)})
+    run_id, n = _run_id(c.params["run_id"]), h.query_int(c.request, "n", 20)
+    rows = await h.blocking(api.db._ops.run_tail, run_id, n)
+    return json_response(raw_object(entries=await h.blocking(_entries, rows)))
 
 
 async def run_load(api: API, c: Call) -> Response:
