@@ -126,3 +126,24 @@ def test_a_bad_sign_in_form_is_an_error_page_not_a_server_error(ui, path, body, 
     r = c.post(path, content=body, headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == status and "text/html" in r.headers["content-type"]
     assert "default-src 'none'" in r.headers["content-security-policy"]
+
+
+def test_a_run_page_reads_a_bounded_number_of_bytes_after_it(ui, monkeypatch):
+    """Hostile review: looking for an open call's result, a run's page read up to 10,000
+    entries after it, a thousand at a time, each up to 16 MiB; now 20 at a time, up to
+    LIMITS.run_page_search bytes in all, then the call is marked as not found in what was
+    searched."""
+    from agentstate.server._limits import LIMITS
+
+    client, db = ui
+    entries = [{"seq": 0, "type": "tool_call", "call_id": "c", "name": "f"}]
+    entries += [{"seq": i, "type": "message", "role": "tool", "content": "x" * 100_000}
+                for i in range(1, 80)]
+    db.runs.write("r", entries, None, create=True)
+    read, original = [], db._ops.run_entries
+    monkeypatch.setattr(db._ops, "run_entries", lambda *a: (lambda rows: (read.extend(
+        len(t) for _, t in rows), rows)[1])(original(*a)))
+    with LIMITS.override(run_page_search=1_000_000):
+        page = client().get("/ui/runs/r?before=1").text
+    assert "no result in the next entries searched" in page and "unknown: no result" not in page
+    assert sum(read) < 1_000_000 + 20 * 100_100 and len(read) < 79 + 1

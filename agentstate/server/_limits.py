@@ -87,6 +87,8 @@ LIMITS = Limits(
     Limit("list_page", 10_000, "items", "`limit` of the list routes (keys, runs, sessions, turns); "
           "without `limit` a list answers every item"),
     Limit("form_body", 4 * MIB, "bytes", "a form of the pages at /ui (a decision of up to 1 MiB)"),
+    Limit("run_page_search", 64 * MIB, "bytes", "of entries a run's page reads after itself, "
+          "looking for its open calls' results (then: \"no result in the entries searched\")"),
     Limit("signin_form", 8 * KIB, "bytes", "the sign-in and sign-out forms of the pages (before "
           "a sign-in is checked)"),
     Limit("stream_recheck", 1, "s", "how often an open stream or long poll checks that its "

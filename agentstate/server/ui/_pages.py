@@ -17,6 +17,7 @@ from agentstate.errors import CursorExpired, InvalidValue, TooLarge
 from .. import _json
 from .._access import SessionRule
 from .._limits import LIMITS
+from ._timeline import Exhausted
 
 PAGE = 50
 
@@ -162,9 +163,16 @@ def _shown(text: str, seq: int | None = None) -> Any:
     return value
 
 
-def entries(db: agentstate.Database, run_id: str, since: int, n: int | None) -> list[dict[str, Any]]:
-    """``runs.entries()``, parsed by _json."""
-    return [_shown(text, seq) for seq, text in db._ops.run_entries(run_id, since, n)]
+def entries(db: agentstate.Database, run_id: str, since: int, n: int | None,
+            budget: list[int] | None = None) -> list[dict[str, Any]]:
+    """``runs.entries()``, parsed by _json; ``budget``: bytes that may still be read (spent
+    here; Exhausted once none is left: entries may be 16 MiB each)."""
+    if budget is not None and budget[0] <= 0:
+        raise Exhausted(f"read {LIMITS.run_page_search:,} bytes of entries after the page")
+    rows = db._ops.run_entries(run_id, since, n)
+    if budget is not None:
+        budget[0] -= sum(len(text) for _, text in rows)
+    return [_shown(text, seq) for seq, text in rows]
 
 
 def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int = PAGE) -> RunPage:

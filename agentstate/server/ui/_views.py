@@ -179,8 +179,9 @@ class UI:
         rp = await h.blocking(pages.run_page, self.db, run_id, before)
         if _as_json(request):
             return await self.raw({"entries": rp.entries, "snapshot": rp.snapshot})
+        budget = [LIMITS.run_page_search]
         items = await h.blocking(timeline, rp.entries,
-                                 lambda since, n: pages.entries(self.db, run_id, since, n))
+                                 lambda since, n: pages.entries(self.db, run_id, since, n, budget))
         return await self.render(request, "run.html", s, rp=rp, items=items,
                            watch=f"run::{run_id}" if rp.newest else "")
 
