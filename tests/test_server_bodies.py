@@ -190,7 +190,7 @@ def test_reading_a_hostile_stored_value_never_stalls_the_server(db):
                 time.sleep(0.02)
             reader.join()
             assert got[0].status_code == 200 and len(got[0].content) >= at_least, path
-            assert slowest < 1.0, (path, slowest)
+            assert slowest < 1.5, (path, slowest)  # the old code: 2.6 s on /v1/runs/r
     assert httpx.Client(transport=_Sync(app), base_url="http://t", headers={
         "authorization": f"Bearer {token}"}).get("/v1/runs/r/entries").json()["entries"][1]["x"] == lists
 
