@@ -225,6 +225,6 @@ def test_slow_big_bodies_cannot_hold_the_turns_of_big_bodies(db):
             s.settimeout(30)
             answers.append(s.recv(65536))
             s.close()
-    assert r.status_code == 200 and 1 < waited < 20, (r.status_code, waited)
+    assert r.status_code == 200 and waited < 20, (r.status_code, waited)  # not for ever
     assert all(a.startswith(b"HTTP/1.1 400") and b"did not arrive within 2 s" in a for a in answers)
     assert db.runs.head("slow") is None and db.runs.head("ok") is not None
