@@ -15,7 +15,7 @@ from agentstate.server import create_app
 from agentstate.server._limits import LIMITS
 from agentstate.server._routes import ROUTES
 
-from .conftest import REPO, file_digest
+from .conftest import REPO, digest
 from .test_server import _Sync, err
 
 
@@ -25,7 +25,8 @@ def limit_of(path: str, method: str = "POST") -> int:
 
 
 @pytest.fixture
-def api(db):
+def api(any_db):
+    db = any_db
     tok = {"admin": db.tokens.create("ops", admin=True), "bob": db.tokens.create("bob")}
     app = create_app(db)
 
@@ -44,15 +45,15 @@ def api(db):
     {"op": "delete", "scope": "app:a", "key": "k", "value": 1},
     {"op": "delete", "scope": "app:a", "key": "k", "ttl": 5},
 ])
-def test_a_batch_op_without_its_value_is_refused(api, db_path, op):
+def test_a_batch_op_without_its_value_is_refused(api, op):
     """Issue 26.12: a batch `put` with no `value` stored null (an `append` with no `items`
     passed too), where PUT .../keys/k with no value is a 400: a missing value is invalid_value."""
     client, db, tok, app = api
-    before = file_digest(db_path)
+    before = digest(db)
     r = client("bob").post("/v1/batch", json={"ops": [{"op": "put", "scope": "app:a", "key": "ok",
                                                        "value": 1}, op]})
     assert r.status_code == 400 and err(r)["code"] == "invalid_value", r.text
-    assert file_digest(db_path) == before
+    assert digest(db) == before
     r = client("bob").put("/v1/scopes/app/a/keys/k", json={"if_version": 0})
     assert r.status_code == 400 and err(r)["code"] == "invalid_value"
 
@@ -116,14 +117,14 @@ def test_a_large_body_is_parsed_off_the_event_loop(db):
     ("/v1/batch", {"ops": [{"op": "delete", "scope": "app:a", "key": f"k{i}"} for i in range(1001)]}),
     ("/v1/runs/r/write", {"entries": [[[]] for _ in range(600_000)], "create": True}),
 ])
-def test_a_request_over_its_count_limits_is_too_large(api, db_path, path, body):
+def test_a_request_over_its_count_limits_is_too_large(api, path, body):
     """Issue 26: a 16 MiB batch held the write lock for 8 s: a batch has at most 1,000 ops and
     a body at most 1,000,000 JSON values, so one request's lock time and memory are bounded."""
     client, db, tok, app = api
-    before = file_digest(db_path)
+    before = digest(db)
     r = client().post(path, content=json.dumps(body))
     assert r.status_code == 413 and err(r)["code"] == "too_large", r.text
-    assert file_digest(db_path) == before
+    assert digest(db) == before
 
 
 def test_every_request_limit_is_stated_once_and_shown_by_the_document_and_the_readme(api):
@@ -158,12 +159,13 @@ def test_deep_json_is_invalid_not_a_server_error(api):
         assert r.status_code == 400 and err(r)["code"] == "invalid_value", (path, r.text[:200])
 
 
-def test_reading_a_hostile_stored_value_never_stalls_the_server(db):
+def test_reading_a_hostile_stored_value_never_stalls_the_server(any_db):
     """Hostile review: the store decodes a stored value with the C decoder, which holds the
     GIL for the whole text (~1 s for these): the answers now carry stored JSON as it is, and
     the pages parse it a piece at a time, so health checks answer all along."""
     from .test_server_feed import running, sign_in
 
+    db = any_db
     token = db.tokens.create("bob")
     lists = [[]] * 800_000  # 3.2 MB of the costliest JSON to decode
     db.runs.write("r", [{"seq": 0, "x": lists}, {"seq": 1, "x": lists}], {"s": lists}, create=True)

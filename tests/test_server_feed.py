@@ -30,7 +30,8 @@ HEX = "0123456789abcdef"
 
 
 @pytest.fixture
-def api(db):
+def api(any_db):
+    db = any_db
     tok = {"admin": db.tokens.create("ops", admin=True), "alice": db.tokens.create("alice"),
            "bob": db.tokens.create("bob")}
     app = create_app(db)
@@ -194,10 +195,11 @@ def test_one_rule_for_session_scopes_in_the_api_the_pages_and_the_feed(api):
     assert sid in everything and gone in everything and "plain-1" in everything
 
 
-def test_the_session_rule_answers_with_point_reads_of_the_ids_involved(db):
+def test_the_session_rule_answers_with_point_reads_of_the_ids_involved(any_db):
     """Issue 27: the rule is one function, and it never lists a principal's sessions."""
     from agentstate.server._access import SessionRule
 
+    db = any_db
     alice, bob = agentstate.Principal("alice"), agentstate.Principal("bob")
     ops = agentstate.Principal("ops", admin=True)
     live = db.sessions.create(alice).id
@@ -327,9 +329,10 @@ def test_a_stream_refuses_bad_input_before_it_answers(api):
     assert (r.status_code, err(r)["code"]) == (410, "cursor_expired")
 
 
-def test_a_stream_whose_cursor_expires_ends_with_an_event_and_no_traceback(db, caplog):
+def test_a_stream_whose_cursor_expires_ends_with_an_event_and_no_traceback(any_db, caplog):
     """Issue 26.17: a stream's cursor passed by the purge raised CursorExpired inside the
     response (a traceback, the connection cut); now it ends with an `error` event."""
+    db = any_db
     token = db.tokens.create("bob")
     app = create_app(db)
     for i in range(3):

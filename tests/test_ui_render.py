@@ -28,7 +28,8 @@ def deep_lists(size: int, depth: int = 500) -> list:
 
 
 @pytest.fixture
-def ui(db):
+def ui(any_db):
+    db = any_db
     tok = {"admin": db.tokens.create("ops", admin=True), "bob": db.tokens.create("bob")}
     app = create_app(db)
 
