@@ -230,3 +230,62 @@ def test_slow_big_bodies_cannot_hold_the_turns_of_big_bodies(db):
     assert r.status_code == 200 and waited < 20, (r.status_code, waited)  # not for ever
     assert all(a.startswith(b"HTTP/1.1 400") and b"did not arrive within 2 s" in a for a in answers)
     assert db.runs.head("slow") is None and db.runs.head("ok") is not None
+
+
+def test_a_client_that_leaves_mid_body_leaves_no_traceback_and_no_turn(any_db, caplog):
+    """Hostile review: a client that closed its connection halfway through a body was an
+    'unexpected error' with a traceback in the log (each one), and must not keep a turn."""
+    import logging
+    import socket
+
+    from .test_server_feed import running
+
+    db = any_db
+    token = db.tokens.create("bob")
+    app = create_app(db)
+    with caplog.at_level(logging.ERROR), running(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for size in (100, 3_000_000):  # a small body, and one that takes a turn
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"PUT /v1/scopes/app/a/keys/k HTTP/1.1\r\nhost: t\r\n"
+                      b"authorization: Bearer " + token.encode() + b"\r\n"
+                      b"content-type: application/json\r\ncontent-length: %d\r\n\r\n{\"value\": " % size)
+            time.sleep(0.3)  # read by the server
+            s.close()
+        deadline = time.monotonic() + 20
+        while app.state.api.big._value < LIMITS.big_bodies:  # the turn comes back
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.get(url + "/v1/health").status_code == 200
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert db.scope("app", "a").get("k") is None
+
+
+@pytest.mark.parametrize("path", ["/v1/scopes/app/a/keys/k", "/ui/login"])
+def test_a_request_whose_client_leaves_mid_body_ends_quietly(any_db, path):
+    """Hostile review: the pages let ClientDisconnect out of their handlers (a traceback from
+    the server for each client that leaves halfway through a form)."""
+    import asyncio
+
+    db = any_db
+    token = db.tokens.create("bob")
+    app = create_app(db)
+    messages = [{"type": "http.request", "body": b"token=abc", "more_body": True},
+                {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "PUT" if path.startswith("/v1") else "POST", "scheme": "http", "path": path,
+             "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"t"), (b"authorization", f"Bearer {token}".encode()),
+                         (b"content-type", b"application/x-www-form-urlencoded"),
+                         (b"content-length", b"1000")],
+             "client": ("127.0.0.1", 1), "server": ("t", 80)}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))  # raises nothing
+    assert db.scope("app", "a").get("k") is None

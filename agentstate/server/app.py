@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -34,21 +34,20 @@ __all__ = ["API", "ROUTES", "Route_", "create_app"]
 
 
 async def on_error(request: Request, exc: Exception) -> Response:
-    """Every error of every route (the pages have their own, as pages)."""
+    """The one exception handler of the API (the pages have their own, as pages)."""
     if isinstance(exc, AgentStateError):
         return h.error_response(exc)
     if isinstance(exc, json.JSONDecodeError):
         return h.error_response(InvalidValue(f"stored bytes are not JSON: {exc}"))
+    if isinstance(exc, HTTPException):  # no such route, or a method it does not take
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        return h.JSON({"error": {"code": code, "message": f"{request.method} {request.url.path}: "
+                                 f"{exc.detail}"}}, status_code=exc.status_code)
+    if isinstance(exc, ClientDisconnect):  # it left halfway through its body: nobody to answer
+        return Response(status_code=400)
     log.exception("unexpected error in %s %s", request.method, request.url.path)
     return h.JSON({"error": {"code": "error", "message": "internal error (see the server's log)"}},
                   status_code=500)
-
-
-async def not_found(request: Request, exc: Exception) -> Response:
-    status = getattr(exc, "status_code", 404)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "error")
-    return h.JSON({"error": {"code": code, "message": f"{request.method} {request.url.path}: "
-                             f"{getattr(exc, 'detail', 'not found')}"}}, status_code=status)
 
 
 def create_app(db: agentstate.Database) -> Starlette:
@@ -69,7 +68,10 @@ def create_app(db: agentstate.Database) -> Starlette:
     app = Starlette(
         routes=[Route(r.path, api.endpoint(r), methods=[r.method]) for r in ROUTES],
         middleware=[ui.middleware(api)],  # the pages at /ui, beside the API (not in its document)
-        exception_handlers={Exception: on_error, AgentStateError: on_error, HTTPException: not_found},
+        # Exception's handler runs in Starlette's outermost middleware, which raises the error
+        # again (for the server's log); the others' do not: an expected error is no traceback.
+        exception_handlers={c: on_error for c in (Exception, AgentStateError, HTTPException,
+                                                  ClientDisconnect)},
         lifespan=lifespan,
     )
     app.state.notifier = api.notifier  # serve's Ctrl-C calls its stop_waiting()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 import jinja2
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.middleware import Middleware
@@ -457,6 +457,8 @@ def middleware(api: API) -> Middleware:
             except HTTPException as e:  # no such page, or a method it does not take
                 await Response(f"{e.status_code} {e.detail}", e.status_code, media_type="text/plain",
                                headers=e.headers)(scope, receive, send)
+            except ClientDisconnect:  # it left halfway through a form: nobody to answer
+                return
             except AgentStateError as e:  # outside a page's own handler: signing in, a form
                 page = await ui.render(Request(scope), "error.html", None, e.status,
                                        title=type(e).__name__, message=str(e))
