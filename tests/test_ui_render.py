@@ -74,6 +74,13 @@ def test_a_value_of_deeply_nested_lists_renders_a_bounded_page_with_a_link_to_th
     assert c.get("/ui/scopes/app/x/keys/deep?format=json").json() == value
     snap = client().get("/ui/runs/r/snapshot?format=json").json()
     assert snap == {"task": "t", "state": value}
+    big = [[[i]] for i in range(60_000)]  # past what a page parses (50,000 values): cut there
+    db.runs.write("r", [{"seq": 2, "type": "tool_result", "call_id": "c", "content": big}],
+                  {"task": "t", "state": big})
+    assert "truncated" in client().get("/ui/runs/r").text
+    assert client().get("/ui/runs/r?format=json").json()["snapshot"]["state"] == big
+    assert client().get("/ui/runs/r?format=json").json()["entries"][-1]["content"] == big
+    assert client().get("/ui/runs/r/snapshot?format=json").json()["state"] == big  # whole
     assert client().get(f"/ui/turns/{t.id}?format=json").json()["request"] == value
 
 

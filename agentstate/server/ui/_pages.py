@@ -16,6 +16,8 @@ from agentstate.errors import CursorExpired, InvalidValue, TooLarge
 
 from .. import _json
 from .._access import SessionRule
+from .._api import raw_object
+from .._api import stored as stored_text
 from .._limits import LIMITS
 from ._timeline import Exhausted
 
@@ -143,16 +145,22 @@ class RunPage:
     newer: int | None  # the ``before`` of the next newer page; None: the newest is next or shown
     newest: bool  # this is the newest page
     snapshot: Any
+    raw: bytes  # the page's entries and the snapshot, as stored: its ?format=json
 
 
-def _head(db: agentstate.Database, run_id: str) -> RunHead:
-    """``runs.head()``, its snapshot parsed by _json (see ``stored``)."""
+def _raw_page(rows: list[tuple[int, str]], snapshot: str | None) -> bytes:
+    return raw_object(entries=b"[" + b",".join(stored_text(t) for _, t in rows) + b"]",
+                      snapshot=stored_text(snapshot))
+
+
+def _head(db: agentstate.Database, run_id: str) -> tuple[RunHead, str | None]:
+    """``runs.head()``, its snapshot parsed by _json (see ``stored``), and as stored."""
     got = db._ops.run_head(check_key(run_id, "run id"))
     if got is None:
         raise agentstate.RunNotFound(f"no run {run_id!r}")
     snapshot, next_seq, fmt, first, created, updated = got
     return RunHead(run_id, None if snapshot is None else _shown(snapshot), first, next_seq, fmt,
-                   parse_time(created), parse_time(updated))
+                   parse_time(created), parse_time(updated)), snapshot
 
 
 def _shown(text: str, seq: int | None = None) -> Any:
@@ -178,22 +186,25 @@ def entries(db: agentstate.Database, run_id: str, since: int, n: int | None,
 def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int = PAGE) -> RunPage:
     """One page of a run's entries, the newest by default: ``tail`` and ``entries``
     read only the page (and the first entry), whatever the run's length."""
-    rh = _head(db, run_id)
+    rh, snapshot = _head(db, run_id)
     first, last = (rh.first_seq, rh.next_seq - 1) if rh.next_seq > rh.first_seq else (None, None)
     newest = before is None or last is None or before > last
     if last is None:
-        rows = []
+        raw_rows = []
     elif newest:
-        rows = [_shown(text, seq) for seq, text in db._ops.run_tail(run_id, size)]
+        raw_rows = db._ops.run_tail(run_id, size)
     else:
         since = max(first, before - size)
-        rows = entries(db, run_id, since, max(0, before - since))
+        raw_rows = db._ops.run_entries(run_id, since, max(0, before - since))
+    rows = [_shown(text, seq) for seq, text in raw_rows]
     lo = rows[0]["seq"] if rows else None
     older = lo if lo is not None and first is not None and lo > first else None
     newer = None if newest or before is None or before + size > last else before + size
-    return RunPage(run_id, rh.summary, rows, first, last, older, newer, newest, rh.snapshot)
+    return RunPage(run_id, rh.summary, rows, first, last, older, newer, newest, rh.snapshot,
+                   _raw_page(raw_rows, snapshot))
 
 
-def snapshot_page(db: agentstate.Database, run_id: str) -> Any:
-    """A run's snapshot on a page of its own (the history is not read)."""
-    return _head(db, run_id).snapshot
+def snapshot_page(db: agentstate.Database, run_id: str) -> tuple[Any, bytes]:
+    """A run's snapshot on a page of its own (the history is not read), and as stored."""
+    rh, snapshot = _head(db, run_id)
+    return rh.snapshot, stored_text(snapshot)

@@ -86,8 +86,9 @@ class UI:
         return HTMLResponse(await h.blocking(make), status_code=status, headers=HEADERS)
 
     async def raw(self, data: Any) -> Response:
-        """A page's data as JSON (``?format=json``): the whole of what the page cut."""
-        body = await h.blocking(h.dumps, data)
+        """A page's data as JSON (``?format=json``): the whole of what the page cut (bytes:
+        JSON already)."""
+        body = data if isinstance(data, bytes) else await h.blocking(h.dumps, data)
         return Response(body, media_type="application/json",
                         headers={**HEADERS, "content-disposition": "inline"})
 
@@ -177,8 +178,8 @@ class UI:
         run_id = request.path_params["run_id"]
         before = h.query_int(request, "before")
         rp = await h.blocking(pages.run_page, self.db, run_id, before)
-        if _as_json(request):
-            return await self.raw({"entries": rp.entries, "snapshot": rp.snapshot})
+        if _as_json(request):  # as stored: what the page shows may be cut
+            return await self.raw(rp.raw)
         budget = [LIMITS.run_page_search]
         items = await h.blocking(timeline, rp.entries,
                                  lambda since, n: pages.entries(self.db, run_id, since, n, budget))
@@ -187,9 +188,9 @@ class UI:
 
     async def snapshot(self, request: Request, s: SignIn) -> Response:
         run_id = request.path_params["run_id"]
-        snap = await h.blocking(pages.snapshot_page, self.db, run_id)
+        snap, raw = await h.blocking(pages.snapshot_page, self.db, run_id)
         if _as_json(request):
-            return await self.raw(snap)
+            return await self.raw(raw)
         return await self.render(request, "snapshot.html", s, run_id=run_id, snapshot=snap,
                            watch=f"run::{run_id}")
 
