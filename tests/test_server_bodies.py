@@ -10,7 +10,6 @@ import time
 import httpx
 import pytest
 
-import agentstate
 from agentstate.server import create_app
 from agentstate.server._limits import LIMITS
 from agentstate.server._routes import ROUTES

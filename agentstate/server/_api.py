@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import agentstate
-from agentstate.errors import Busy, Forbidden, Unauthorized
+from agentstate.errors import Busy, Damaged, Forbidden, Unauthorized
 
 from . import _http as h
 from . import _json
@@ -258,12 +258,15 @@ def next_after(items: list[Any], limit: int | None) -> str | None:
     return items[-1].id if limit and len(items) == limit else None
 
 
-def stored(text: str | bytes | None) -> bytes:
+def stored(text: str | bytes | None, what: str = "a stored value") -> bytes:
     """JSON text the store wrote (a value, an entry, a snapshot), as it goes into an answer:
-    not decoded and encoded again. The store's C decoder holds the GIL for the whole of a
-    text, so decoding a hostile 16 MiB entry stalled every request for seconds."""
+    checked (Damaged if it is not JSON: changed by hand, as the store's own reads say) but not
+    decoded and encoded again. The store's C decoder holds the GIL for the whole of a text,
+    so decoding a hostile 16 MiB entry stalled every request for seconds. Blocking."""
     if text is None:
         return b"null"
+    if not _json.is_json(text):
+        raise Damaged(f"{what} is not valid JSON (changed outside agentstate?)")
     return text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
 
 

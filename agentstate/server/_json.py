@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from agentstate._encoding import MAX_DEPTH
@@ -37,8 +37,14 @@ _NUMBER = re.compile(r"(-?(?:0|[1-9][0-9]*))(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 def tokens(raw: bytes | str) -> int:
     """An upper bound of the tokens the C decoder makes of ``raw`` (quick: a few byte counts)."""
-    return sum(raw.count(c) for c in ((b"[", b"{", b",", b":") if isinstance(raw, bytes)
-                                      else ("[", "{", ",", ":")))
+    if isinstance(raw, bytes):
+        return raw.count(b"[") + raw.count(b"{") + raw.count(b",") + raw.count(b":")
+    return raw.count("[") + raw.count("{") + raw.count(",") + raw.count(":")
+
+
+def _skip(text: str, i: int) -> int:
+    """The index of the first character at or after ``i`` that is not whitespace."""
+    return _WS.match(text, i).end()  # type: ignore[union-attr]  # "*": it always matches
 
 
 def parse(raw: bytes | str, max_values: int, max_depth: int = MAX_DEPTH,
@@ -77,10 +83,10 @@ def _key(text: str, i: int) -> tuple[str, int]:
     if text[i:i + 1] != '"':
         raise _fail(text, i, "expected a key in double quotes")
     key, i = scanstring(text, i + 1, True)
-    i = _WS.match(text, i).end()
+    i = _skip(text, i)
     if text[i:i + 1] != ":":
         raise _fail(text, i, "expected ':'")
-    return key, _WS.match(text, i + 1).end()
+    return key, _skip(text, i + 1)
 
 
 def parse_prefix(raw: bytes | str, max_values: int) -> tuple[Any, bool]:
@@ -104,10 +110,25 @@ def parse_prefix(raw: bytes | str, max_values: int) -> tuple[Any, bool]:
         raise InvalidValue(f"not JSON: {e}") from None
 
 
+def is_json(raw: str | bytes) -> bool:
+    """Whether ``raw`` is one JSON value (SPEC §2's: no NaN), checked without making it: no
+    long hold of the GIL, no objects for the garbage collector (a stored text, say)."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if tokens(raw) <= FAST_TOKENS:
+            _decode(text)
+        else:
+            _parse_slowly(text, 2**62, MAX_DEPTH, build=False)
+        return True
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+
+
 def _parse_slowly(text: str, max_values: int, max_depth: int, partial: bool = False,
-                  max_containers: int | None = None) -> Any:
+                  max_containers: int | None = None, build: bool = True) -> Any:
     """What json.loads would make of ``text``, one token per step of a Python loop.
-    ``partial``: past ``max_values``, (what was made so far, True) instead of TooLarge."""
+    ``partial``: past ``max_values``, (what was made so far, True) instead of TooLarge.
+    ``build``: False only checks the text (containers are markers, values dropped)."""
     n, count, containers = len(text), 0, 0
     max_containers = max_containers or max_values
     root: Any = None
@@ -116,6 +137,8 @@ def _parse_slowly(text: str, max_values: int, max_depth: int, partial: bool = Fa
 
     def put(value: Any) -> None:  # into the innermost open container, or as the root
         nonlocal root
+        if not build:
+            return
         if not stack:
             root = value
         elif keys[-1] is None:
@@ -123,7 +146,7 @@ def _parse_slowly(text: str, max_values: int, max_depth: int, partial: bool = Fa
         else:
             stack[-1][keys[-1]] = value
 
-    i = _WS.match(text, 0).end()
+    i = _skip(text, 0)
     while True:
         if i >= n:
             raise _fail(text, i, "unexpected end")
@@ -142,9 +165,9 @@ def _parse_slowly(text: str, max_values: int, max_depth: int, partial: bool = Fa
                     return root, True
                 raise TooLarge(f"the body holds more than {max_containers:,} JSON arrays and "
                                "objects", containers, max_containers)
-            container: Any = {} if c == "{" else []
+            container: Any = ({} if c == "{" else []) if build else c
             put(container)
-            i = _WS.match(text, i + 1).end()
+            i = _skip(text, i + 1)
             if text[i:i + 1] == ("}" if c == "{" else "]"):
                 i += 1
             else:
@@ -174,14 +197,14 @@ def _parse_slowly(text: str, max_values: int, max_depth: int, partial: bool = Fa
         else:
             raise _fail(text, i, "expected a value")
         while True:  # after a value: the next one, or the end of containers
-            i = _WS.match(text, i).end()
+            i = _skip(text, i)
             if not stack:
                 if i != n:
                     raise _fail(text, i, "extra data")
                 return (root, False) if partial else root
             c = text[i:i + 1]
             if c == ",":
-                i = _WS.match(text, i + 1).end()
+                i = _skip(text, i + 1)
                 if keys[-1] is not None:
                     keys[-1], i = _key(text, i)
                 break  # to the next value

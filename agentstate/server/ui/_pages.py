@@ -12,7 +12,7 @@ from typing import Any
 import agentstate
 from agentstate._encoding import check_key
 from agentstate._runs import RunHead, parse_time
-from agentstate.errors import CursorExpired, InvalidValue, TooLarge
+from agentstate.errors import CursorExpired
 
 from .. import _json
 from .._access import SessionRule
@@ -40,16 +40,17 @@ def scope(db: agentstate.Database, rule: SessionRule, kind: str, scope_id: str,
 
 @dataclass
 class Stored:
-    """A key's value as the store holds it: JSON text (``text``), or bytes (``data``)."""
+    """A key's value as the store holds it: JSON text (``text``), or bytes (``data``, and
+    ``text`` empty)."""
 
     version: int
-    text: str | None
+    text: str
     data: bytes | None
     is_list: bool = False
 
     @property
     def size(self) -> int:
-        return len(self.data) if self.data is not None else len((self.text or "").encode("utf-8"))
+        return len(self.data) if self.data is not None else len(self.text.encode("utf-8"))
 
 
 def stored(db: agentstate.Database, sc: agentstate.Scope, key: str) -> Stored | None:
@@ -60,14 +61,9 @@ def stored(db: agentstate.Database, sc: agentstate.Scope, key: str) -> Stored | 
         return None
     type_, value, version, items = row
     if type_ == "bytes":
-        try:  # bytes that are UTF-8 JSON show as JSON, as get() would read them
-            text = value.decode("utf-8")
-            if value.strip() and len(value) <= 1024 * 1024:
-                _json.parse(text, LIMITS.json_values)
-                return Stored(version, text, None)
-        except (UnicodeDecodeError, InvalidValue, TooLarge):
-            pass
-        return Stored(version, None, value)
+        if _json.is_json(value):  # bytes that are UTF-8 JSON show as JSON, as get() reads them
+            return Stored(version, value.decode("utf-8"), None)
+        return Stored(version, "", value)
     if type_ == "list":
         return Stored(version, "[" + (items or "") + "]", None, True)
     return Stored(version, value, None)

@@ -65,7 +65,7 @@ def chunks(value: Any, indent: bool, cut: int) -> Iterator[str]:
     yield start(value, 0)
     while frames:
         f = frames[-1]
-        item = next(f[0], _END)
+        item: Any = next(f[0], _END)
         if item is _END:
             frames.pop()
             yield (newline(f[2]) if f[3] else "") + f[1]

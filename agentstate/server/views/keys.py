@@ -15,7 +15,7 @@ from .. import _http as h
 from .. import _json
 from .._api import API, Call, iso, json_response, raw_object, stored
 from .._limits import LIMITS
-from .._models import AppendBody, BatchBody, PopBody, PutBody, TouchBody
+from .._models import AppendBody, BatchBody, PopBody, TouchBody
 
 
 async def scope(api: API, c: Call) -> agentstate.Scope:
@@ -44,15 +44,13 @@ async def get_key(api: API, c: Call) -> Response:
         if row is None:
             raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
         type_, value, version, items = row
-        if type_ == "list":
-            value = "[" + (items or "") + "]"
-        elif type_ == "bytes":  # any bytes may be stored: JSON only if they parse (SPEC §2)
-            try:
-                _json.parse(value, LIMITS.json_values)
-            except (InvalidValue, TooLarge) as e:
-                raise InvalidValue(f"the stored bytes are not JSON ({e}): ask with Accept: "
-                                   "application/octet-stream") from None
-        return raw_object(key=h.dumps(key), value=stored(value), version=h.dumps(version))
+        if type_ == "bytes":  # any bytes may be stored: JSON only if they parse (SPEC §2)
+            if not _json.is_json(value):
+                raise InvalidValue("the stored bytes are not JSON: ask with Accept: "
+                                   "application/octet-stream")
+            return raw_object(key=h.dumps(key), value=value, version=h.dumps(version))
+        text = "[" + (items or "") + "]" if type_ == "list" else value
+        return raw_object(key=h.dumps(key), value=stored(text), version=h.dumps(version))
 
     return json_response(await h.blocking(read))
 

@@ -8,10 +8,9 @@ from typing import Any
 from starlette.responses import Response
 
 import agentstate
-
-from .. import _http as h
 from agentstate._runs import parse_time
 
+from .. import _http as h
 from .._api import API, Call, iso, json_response, next_after, page, raw_object, stored
 from .._models import ForkBody, PruneRunsBody, TrimBody, WriteBody
 
@@ -44,7 +43,7 @@ async def run_get(api: API, c: Call) -> Response:
         if got is None:
             raise agentstate.RunNotFound(f"no run {run_id!r}")
         (snapshot, next_seq, fmt, first, *_), rows = got
-        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot),
+        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot, "a run's snapshot"),
                           entries=_entries(rows), first_seq=h.dumps(first),
                           next_seq=h.dumps(next_seq), format=h.dumps(fmt))
 
@@ -59,7 +58,8 @@ async def run_head(api: API, c: Call) -> Response:
         if got is None:
             raise agentstate.RunNotFound(f"no run {run_id!r}")
         snapshot, next_seq, fmt, first, created, updated = got
-        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot), first_seq=h.dumps(first),
+        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot, "a run's snapshot"),
+                          first_seq=h.dumps(first),
                           next_seq=h.dumps(next_seq), format=h.dumps(fmt),
                           created_at=h.dumps(iso(parse_time(created))),
                           updated_at=h.dumps(iso(parse_time(updated))))
@@ -78,7 +78,7 @@ async def run_write(api: API, c: Call) -> Response:
 
 
 def _entries(rows: list[tuple[int, str]]) -> bytes:
-    return b"[" + b",".join(stored(text) for _, text in rows) + b"]"
+    return b"[" + b",".join(stored(text, "a stored run entry") for _, text in rows) + b"]"
 
 
 async def run_entries(api: API, c: Call) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.responses import Response
 
 import agentstate
@@ -14,7 +15,7 @@ from .._api import API, Call, iso, next_after, page
 from .._models import (DecideBody, FailBody, FinishBody, HoldBody, LeaseBody, PruneSessionsBody,
                        SessionBody, TurnBody)
 
-ACTIONS = {"start": LeaseBody, "heartbeat": LeaseBody, "hold": HoldBody, "decide": DecideBody,
+ACTIONS: dict[str, type[BaseModel]] = {"start": LeaseBody, "heartbeat": LeaseBody, "hold": HoldBody, "decide": DecideBody,
            "resume": LeaseBody, "finish": FinishBody, "fail": FailBody}
 
 
