@@ -514,7 +514,7 @@ def test_a_change_during_a_long_poll_s_read_wakes_it_at_once(db):
     before the poll waited on it, so the poll slept its 5 s turn before answering."""
     token = db.tokens.create("ops", admin=True)
     app = create_app(db)
-    notifier, read = app.state.notifier, db.changes
+    notifier, read = app.state.notifier, db._ops.feed_scan
 
     async def main() -> tuple[float, list]:
         loop = asyncio.get_running_loop()
@@ -525,14 +525,14 @@ def test_a_change_during_a_long_poll_s_read_wakes_it_at_once(db):
 
         def changes_then_a_write(*args, **kwargs):
             found = read(*args, **kwargs)  # nothing yet
-            db.changes = read
+            db._ops.feed_scan = read
             db.scope("app", "a").put("k", 1)  # lands just after this read...
             loop.call_soon_threadsafe(fire)  # ...and is noticed before the poll waits
             time.sleep(0.2)
             return found
 
         since = db.last_change()
-        db.changes = changes_then_a_write
+        db._ops.feed_scan = changes_then_a_write  # what the server reads the feed with
         body, first = [], [{"type": "http.request", "body": b"", "more_body": False}]
 
         async def receive():

@@ -309,3 +309,24 @@ def test_an_injected_script_is_shown_as_text(browser, served):
 def test_the_readme_screenshots_are_not_blank():
     for name in ("ui-overview.png", "ui-run.png"):
         assert png_colors((REPO / "docs" / name).read_bytes()) >= 8, name
+
+
+def test_a_failed_refresh_is_retried_and_the_page_says_it_is_not_live(browser, served):
+    """Issue 26.23: a refresh that failed was never retried, and the page still said "live"
+    while it showed a value that had changed."""
+    from selenium.webdriver.common.by import By
+
+    in_other_process(served.db, 'db.scope("agent", "bot-2").put("mood", "calm")')
+    sign_in(browser, served)
+    browser.get(served.url + "/ui/scopes/agent/bot-2/keys/mood")
+    wait_live(browser)
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/keys/mood*"]})  # not the stream
+    try:
+        in_other_process(served.db, 'db.scope("agent", "bot-2").put("mood", "curious")')
+        wait_for(browser, lambda d: d.find_element(By.ID, "live").text not in ("", "live"))
+        assert '"calm"' in browser.find_element(By.ID, "value").text  # stale, and it says so
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+    wait_for(browser, lambda d: '"curious"' in d.find_element(By.ID, "value").text)  # no new write
+    wait_live(browser)

@@ -8,15 +8,17 @@ number), and the values themselves go to the store, which validates them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 import agentstate
 from agentstate.errors import AgentStateError, Forbidden, InvalidValue, TooLarge, Unauthorized
@@ -32,11 +34,6 @@ class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-_loads = json.JSONDecoder(parse_constant=_no_constants).decode
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
@@ -51,34 +48,64 @@ class JSON(Response):
         return dumps(content)
 
 
-def error_response(e: AgentStateError) -> JSON:
+def error_body(e: AgentStateError) -> dict[str, Any]:
+    """``{"error": {"code", "message", ...}}`` with the error's fields (SPEC §12)."""
     body: dict[str, Any] = {"code": e.code, "message": str(e)}
     for name in FIELDS:
         if name in vars(e) or (name == "outcome_unknown" and getattr(e, name, False)):
             body[name] = getattr(e, name)
-    return JSON({"error": body}, status_code=e.status)
+    return {"error": body}
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; TooLarge as soon as it is known to pass ``limit``, before reading it whole."""
+def error_response(e: AgentStateError) -> JSON:
+    return JSON(error_body(e), status_code=e.status)
+
+
+async def read_body(request: Request, limit: int, big: int | None = None,
+                    on_big: Callable[[], Awaitable[None]] | None = None,
+                    big_seconds: float | None = None) -> bytes:
+    """The raw body; TooLarge as soon as it is known to pass ``limit``, before reading it whole.
+    ``on_big`` is awaited once, before the body grows past ``big`` bytes (a turn to wait for);
+    after it the rest must arrive within ``big_seconds`` (InvalidValue: too slow)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the body is {declared} bytes, over the limit of {limit}", int(declared), limit)
+    deadline: float | None = None
+
+    async def turn() -> None:
+        nonlocal deadline
+        await on_big()  # type: ignore[misc]
+        if big_seconds is not None:
+            deadline = time.monotonic() + big_seconds
+
+    waited = on_big is None
+    if not waited and declared is not None and declared.isdigit() and int(declared) > (big or 0):
+        await turn()
+        waited = True
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            if deadline is None:
+                chunk = await stream.__anext__()
+            else:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise InvalidValue(f"the body did not arrive within {big_seconds:g} s") from None
         size += len(chunk)
         if size > limit:
             raise TooLarge(f"the body is over the limit of {limit} bytes", size, limit)
+        if not waited and size > (big or 0):
+            await turn()
+            waited = True
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def json_body(request: Request, model: type[M], limit: int) -> M:
-    raw = await read_body(request, limit)
-    try:
-        data = _loads(raw.decode("utf-8")) if raw.strip() else {}
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise InvalidValue(f"the body is not JSON: {e}") from None
+def validate(model: type[M], data: Any) -> M:
+    """``data`` (parsed JSON) as ``model``; InvalidValue naming every problem."""
     if not isinstance(data, dict):
         raise InvalidValue("the body must be a JSON object")
     try:
@@ -89,15 +116,16 @@ async def json_body(request: Request, model: type[M], limit: int) -> M:
         raise InvalidValue(f"bad body: {problems}") from None
 
 
-def query_int(request: Request, name: str, default: int | None = None, lo: int = 0) -> int | None:
+def query_int(request: Request, name: str, default: int | None = None, lo: int = 0,
+              hi: int = 2**63 - 1) -> int | None:
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
     if not ascii_int(text):
         raise InvalidValue(f"{name} must be an integer, got {text!r}")
     v = int(text)
-    if not lo <= v <= 2**63 - 1:
-        raise InvalidValue(f"{name} must be an integer from {lo}, got {v}")
+    if not lo <= v <= hi:
+        raise InvalidValue(f"{name} must be an integer from {lo} to {hi}, got {v}")
     return v
 
 
@@ -142,6 +170,30 @@ def acting(principal: agentstate.Principal, request: Request) -> agentstate.Prin
         return principal
     raise Forbidden(f"only an admin token may act for another principal ({principal.name} "
                     "is not an admin)")
+
+
+def event_stream(request: Request, events: AsyncIterator[bytes]) -> Response:
+    """Server-sent events; for HEAD only the headers (a stream never ends by itself, and a
+    HEAD response that never ended wedged its keep-alive connection)."""
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    if request.method == "HEAD":
+        events = _nothing()  # the GET's headers, and an end at once
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
+
+
+def sse(data: Any = None, *, event: str | None = None, id: int | None = None) -> bytes:
+    """One server-sent event (``data`` as JSON; none: an event that only moves the id)."""
+    out = b"" if event is None else b"event: " + event.encode() + b"\n"
+    if id is not None:
+        out += b"id: %d\n" % id
+    if data is not None:
+        out += b"data: " + dumps(data) + b"\n"
+    return out + b"\n"
 
 
 async def disconnected(request: Request) -> None:

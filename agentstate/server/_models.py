@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ._http import Body
 
@@ -32,13 +32,29 @@ class TouchBody(Body):
 
 
 class BatchOp(Body):
+    """One op; each takes its own fields only. As for PUT of a key, a missing ``value`` is
+    refused and an explicit null is a value (so ``value`` cannot default to None here)."""
+
     op: Literal["put", "delete", "append"]
     scope: str
     key: str
     value: Any = None
-    items: list[Any] = Field(default_factory=list)
+    items: list[Any] | None = None
     if_version: int | None = None
     ttl: float | int | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_op(self) -> BatchOp:
+        given = self.model_fields_set
+        needs = {"put": "value", "append": "items"}.get(self.op)
+        if needs is not None and needs not in given:
+            raise ValueError(f"a {self.op} needs {needs!r} (null is a value; a missing one is not)")
+        takes = {"put": {"value", "if_version", "ttl"}, "append": {"items", "ttl"},
+                 "delete": {"if_version"}}[self.op]
+        extra = sorted(given - takes - {"op", "scope", "key"})
+        if extra:
+            raise ValueError(f"a {self.op} takes no {', '.join(extra)}")
+        return self
 
 
 class BatchBody(Body):

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of the State API, made from the one route table (app.ROUTES).
+"""The OpenAPI 3.1 document of the State API, made from the one route table (_routes.ROUTES).
 
 Request bodies come from the pydantic models the server parses with; answers
 from SCHEMAS below. tests/test_server_openapi.py fuzzes the app against it.
@@ -11,6 +11,7 @@ from typing import Any
 import agentstate
 
 from . import _models
+from ._limits import LIMITS
 
 KEY = {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,200}$"}
 KIND = {"type": "string", "enum": ["thread", "session", "agent", "user", "app"]}
@@ -84,8 +85,9 @@ QUERY: dict[str, dict[str, Any]] = {
     "start": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
     "stop": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
     "since": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
-    "limit": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-    "wait": {"type": "number", "minimum": 0, "maximum": 5},  # the server takes up to 300 s
+    "limit": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1,
+              "description": f"lists and the feed: at most {LIMITS.list_page:,} (x-limits)"},
+    "wait": {"type": "number", "minimum": 0, "maximum": LIMITS.long_poll_wait},
     "n": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
     "prefix": {"type": "string"},
     "after": {"type": "string"},
@@ -126,7 +128,7 @@ def _operation(route: Any) -> dict[str, Any]:
     params = [{"name": n, "in": "path", "required": True, "schema": PATH[n]}
               for n in _path_names(route.path)]
     params += [{"name": n, "in": "query", "required": False, "schema": QUERY[n]} for n in route.query]
-    if route.auth:
+    if route.auth != "none":
         params.append({"name": "X-Agentstate-Principal", "in": "header", "required": False,
                        "schema": KEY, "description": "admins only: act for this principal"})
     op: dict[str, Any] = {
@@ -135,7 +137,9 @@ def _operation(route: Any) -> dict[str, Any]:
         "parameters": params,
         "responses": {str(route.ok): {"description": "done", "content": _answer(route)}},
     }
-    statuses = set(route.errors) | ({400, 401, 403, 503} if route.auth else set())  # the principal header
+    if route.description:
+        op["description"] = route.description
+    statuses = set(route.errors) | ({400, 401, 403, 503} if route.auth != "none" else set())
     if params and any(p["in"] == "path" for p in params):
         statuses.add(404)
     for status in sorted(statuses):
@@ -144,16 +148,19 @@ def _operation(route: Any) -> dict[str, Any]:
                             404: "not found", 409: "conflict", 410: "cursor expired",
                             413: "too large", 500: "damaged", 503: "busy"}[status],
             "content": {"application/json": {"schema": ERROR}}}
+    limit = (f"At most {route.limit:,} bytes, {LIMITS.json_values:,} JSON values and "
+             f"{LIMITS.json_containers:,} arrays and objects (more: 413 too_large).")
     if route.body == "action":
-        op["requestBody"] = {"required": True, "content": {"application/json": {
+        op["requestBody"] = {"required": True, "description": limit, "content": {"application/json": {
             "schema": {"anyOf": [_body_schema(m) for m in ACTION_BODIES]}}}}
     elif route.body is not None:
         content = {"application/json": {"schema": _body_schema(route.body)}}
         if route.extra.get("bytes_body"):
+            limit += f" As application/octet-stream: at most {route.extra['bytes_body']:,} bytes."
             content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary",
-                                                              "maxLength": 1024}}
-        op["requestBody"] = {"required": True, "content": content}
-    if route.auth:
+                                                              "maxLength": 1024}}  # the fuzzer's
+        op["requestBody"] = {"required": True, "description": limit, "content": content}
+    if route.auth != "none":
         op["security"] = [{"bearer": []}]
     return op
 
@@ -170,7 +177,9 @@ def document(routes: list[Any]) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "agentstate State API", "version": agentstate.__version__,
                  "description": "Scoped state, runs, sessions and the change feed of one "
-                                "agentstate store (SPEC §12)."},
+                                "agentstate store (SPEC §12). `x-limits`: every limit a request "
+                                "meets.",
+                 "x-limits": LIMITS.as_dict()},
         "paths": paths,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }

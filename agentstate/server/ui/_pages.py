@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentstate
-from agentstate.errors import CursorExpired, NotFound
+from agentstate._encoding import check_key
+from agentstate._runs import RunHead, parse_time
+from agentstate.errors import CursorExpired
+
+from .. import _json
+from .._access import SessionRule
+from .._api import raw_object
+from .._api import stored as stored_text
+from .._limits import LIMITS
+from ._timeline import Exhausted
 
 PAGE = 50
 
@@ -21,36 +30,52 @@ def size_of(value: Any) -> int:
                .encode("utf-8", "surrogatepass"))
 
 
-def scope(db: agentstate.Database, kind: str, scope_id: str, p: agentstate.Principal) -> agentstate.Scope:
-    """A scope; a session's only after the access check, as the API's session routes do."""
-    if kind == "session":
-        return db.sessions.state(scope_id, p)
-    return db.scope(kind, scope_id)
+def scope(db: agentstate.Database, rule: SessionRule, kind: str, scope_id: str,
+          p: agentstate.Principal) -> agentstate.Scope:
+    """A scope, after the session rule: what the API's key routes would let ``p`` read."""
+    s = db.scope(kind, scope_id)
+    rule.check(p, s.kind, s.id)
+    return s
 
 
-class Visible:
-    """Which changes a principal may see: for a non-admin, session changes (and keys of
-    session scopes) only of its own sessions — the pages' answer to "a principal sees only
-    its own sessions". Each session is looked up once (a point read, never the list), so
-    a deleted session's changes are hidden from all but admins."""
+@dataclass
+class Stored:
+    """A key's value as the store holds it: JSON text (``text``), or bytes (``data``, and
+    ``text`` empty)."""
 
-    def __init__(self, db: agentstate.Database, p: agentstate.Principal) -> None:
-        self.db, self.p = db, p
-        self.seen: dict[str, bool] = {}
+    version: int
+    text: str
+    data: bytes | None
+    is_list: bool = False
 
-    def _own(self, session_id: str) -> bool:
-        if session_id not in self.seen:
-            try:
-                self.db.sessions.get(session_id, self.p)
-                self.seen[session_id] = True
-            except NotFound:
-                self.seen[session_id] = False
-        return self.seen[session_id]
+    @property
+    def size(self) -> int:
+        return len(self.data) if self.data is not None else len(self.text.encode("utf-8"))
 
-    def __call__(self, c: Any) -> bool:
-        if self.p.admin or not (c.topic == "session" or c.kind == "session"):
-            return True
-        return self._own(c.scope_id)
+
+def stored(db: agentstate.Database, sc: agentstate.Scope, key: str) -> Stored | None:
+    """A key's row, not decoded (the store's C decoder holds the GIL for a whole value: a
+    hostile 1 MiB of nested lists stalled every request; the pages parse with _json)."""
+    row = db._ops.kv_get(sc.kind, sc.id, key, raw=True)
+    if row is None:
+        return None
+    type_, value, version, items = row
+    if type_ == "bytes":
+        if _json.is_json(value):  # bytes that are UTF-8 JSON show as JSON, as get() reads them
+            return Stored(version, value.decode("utf-8"), None)
+        return Stored(version, "", value)
+    if type_ == "list":
+        return Stored(version, "[" + (items or "") + "]", None, True)
+    return Stored(version, value, None)
+
+
+SHOWN_VALUES = 50_000  # values parsed for a page: past them a value is cut (a page shows fewer)
+
+
+def parse(text: str) -> tuple[Any, bool]:
+    """Stored JSON text as a value for a page, and whether it was cut: parsed a piece at a
+    time, and only as far as a page could show (_json.parse_prefix)."""
+    return _json.parse_prefix(text, SHOWN_VALUES)
 
 
 def changes_window(db: agentstate.Database, upto: int, n: int, **filters: Any) -> tuple[list[Any], bool]:
@@ -90,7 +115,7 @@ class Overview:
     shown: int = SHOWN
 
 
-def overview(db: agentstate.Database, p: agentstate.Principal) -> Overview:
+def overview(db: agentstate.Database, rule: SessionRule, p: agentstate.Principal) -> Overview:
     """Counts (up to CAP), the turns that need eyes, the newest runs and changes: each a
     bounded read (the paged lists of SPEC §3/§4), whatever the size of the store."""
     head = db.last_change()
@@ -98,8 +123,7 @@ def overview(db: agentstate.Database, p: agentstate.Principal) -> Overview:
              for name, statuses in SECTIONS.items()}
     runs = db.runs.list(limit=CAP + 1)
     sessions = db.sessions.list(p, limit=CAP + 1)
-    visible = Visible(db, p)
-    latest = [c for c in changes_window(db, head, 200)[0] if visible(c)][-20:]
+    latest = rule.visible(p, changes_window(db, head, 200)[0])[-20:]
     counts = {"sessions": len(sessions), "runs": len(runs), "changes": head,
               "active turns": len(turns["active"]), "held turns": len(turns["held"]),
               "expired leases": len(turns["expired"])}
@@ -117,32 +141,66 @@ class RunPage:
     newer: int | None  # the ``before`` of the next newer page; None: the newest is next or shown
     newest: bool  # this is the newest page
     snapshot: Any
+    raw: bytes  # the page's entries and the snapshot, as stored: its ?format=json
+
+
+def _raw_page(rows: list[tuple[int, str]], snapshot: str | None) -> bytes:
+    return raw_object(entries=b"[" + b",".join(stored_text(t) for _, t in rows) + b"]",
+                      snapshot=stored_text(snapshot))
+
+
+def _head(db: agentstate.Database, run_id: str) -> tuple[RunHead, str | None]:
+    """``runs.head()``, its snapshot parsed by _json (see ``stored``), and as stored."""
+    got = db._ops.run_head(check_key(run_id, "run id"))
+    if got is None:
+        raise agentstate.RunNotFound(f"no run {run_id!r}")
+    snapshot, next_seq, fmt, first, created, updated = got
+    return RunHead(run_id, None if snapshot is None else _shown(snapshot), first, next_seq, fmt,
+                   parse_time(created), parse_time(updated)), snapshot
+
+
+def _shown(text: str, seq: int | None = None) -> Any:
+    """An entry or a snapshot for a page: cut past what a page shows (its JSON link has all)."""
+    value, cut = parse(text)
+    if cut and isinstance(value, dict) and seq is not None:
+        value.setdefault("seq", seq)  # the timeline needs it, wherever it was in the text
+    return value
+
+
+def entries(db: agentstate.Database, run_id: str, since: int, n: int | None,
+            budget: list[int] | None = None) -> list[dict[str, Any]]:
+    """``runs.entries()``, parsed by _json; ``budget``: bytes that may still be read (spent
+    here; Exhausted once none is left: entries may be 16 MiB each)."""
+    if budget is not None and budget[0] <= 0:
+        raise Exhausted(f"read {LIMITS.run_page_search:,} bytes of entries after the page")
+    rows = db._ops.run_entries(run_id, since, n)
+    if budget is not None:
+        budget[0] -= sum(len(text) for _, text in rows)
+    return [_shown(text, seq) for seq, text in rows]
 
 
 def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int = PAGE) -> RunPage:
     """One page of a run's entries, the newest by default: ``tail`` and ``entries``
     read only the page (and the first entry), whatever the run's length."""
-    rh = db.runs.head(run_id)
-    if rh is None:
-        raise agentstate.RunNotFound(f"no run {run_id!r}")
+    rh, snapshot = _head(db, run_id)
     first, last = (rh.first_seq, rh.next_seq - 1) if rh.next_seq > rh.first_seq else (None, None)
     newest = before is None or last is None or before > last
     if last is None:
-        entries = []
+        raw_rows = []
     elif newest:
-        entries = db.runs.tail(run_id, size)
+        raw_rows = db._ops.run_tail(run_id, size)
     else:
         since = max(first, before - size)
-        entries = db.runs.entries(run_id, since, max(0, before - since))
-    lo = entries[0]["seq"] if entries else None
+        raw_rows = db._ops.run_entries(run_id, since, max(0, before - since))
+    rows = [_shown(text, seq) for seq, text in raw_rows]
+    lo = rows[0]["seq"] if rows else None
     older = lo if lo is not None and first is not None and lo > first else None
     newer = None if newest or before is None or before + size > last else before + size
-    return RunPage(run_id, rh.summary, entries, first, last, older, newer, newest, rh.snapshot)
+    return RunPage(run_id, rh.summary, rows, first, last, older, newer, newest, rh.snapshot,
+                   _raw_page(raw_rows, snapshot))
 
 
-def snapshot_page(db: agentstate.Database, run_id: str) -> Any:
-    """A run's snapshot on a page of its own (``runs.head``: the history is not read)."""
-    rh = db.runs.head(run_id)
-    if rh is None:
-        raise agentstate.RunNotFound(f"no run {run_id!r}")
-    return rh.snapshot
+def snapshot_page(db: agentstate.Database, run_id: str) -> tuple[Any, bytes]:
+    """A run's snapshot on a page of its own (the history is not read), and as stored."""
+    rh, snapshot = _head(db, run_id)
+    return rh.snapshot, stored_text(snapshot)

@@ -4,7 +4,7 @@ The browser holds only an opaque sign-in id, in a cookie that is HttpOnly (no
 script reads it), SameSite=Strict (no other site's page sends it) and scoped to
 ``/ui``. The token it stands for stays in this process's memory and is checked
 against the store again every few seconds, so a revoked token signs the page
-out as fast as it stops the API. Why not the token itself in the cookie: the
+out as fast as it stops the API, and ends the page's open stream too. Why not the token itself in the cookie: the
 cookie jar, its logs and any proxy would then hold a credential that works
 against the whole API; a sign-in id works only here and dies with the server
 or at sign-out. The one write (deciding a turn) carries a per-sign-in CSRF
@@ -27,12 +27,13 @@ from .. import _http as h
 
 COOKIE = "agentstate_ui"
 IDLE_S = 12 * 3600.0  # a sign-in nobody used for this long is forgotten
-RECHECK_S = 2.0  # the token is looked up again after this (a revoked token stops within it)
+RECHECK_S = 1.0  # the token is looked up again after this (a revoked token stops within it)
 MAX_SIGNINS = 10_000
 
 
 @dataclass
 class SignIn:
+    sid: str
     token: str
     csrf: str
     principal: agentstate.Principal
@@ -55,7 +56,7 @@ class SignIns:
         now = time.monotonic()
         self._forget_idle(now)
         sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = SignIn(token, secrets.token_urlsafe(32), principal, now, now)
+        self._by_id[sid] = SignIn(sid, token, secrets.token_urlsafe(32), principal, now, now)
         return sid
 
     def end(self, request: Request) -> None:
@@ -69,10 +70,18 @@ class SignIns:
         if s is None or now - s.used > IDLE_S:
             self._by_id.pop(sid, None)
             return None
+        return await self.recheck(s)
+
+    async def recheck(self, s: SignIn) -> SignIn | None:
+        """``s`` if it still stands (not signed out, its token not revoked), else None: what
+        an open stream asks every second."""
+        if self._by_id.get(s.sid) is not s:
+            return None  # signed out, or forgotten
+        now = time.monotonic()
         if now - s.checked > RECHECK_S:
             principal = await h.blocking(self.db.tokens.principal, s.token)
             if principal is None:  # revoked
-                self._by_id.pop(sid, None)
+                self._by_id.pop(s.sid, None)
                 return None
             s.principal, s.checked = principal, now
         s.used = now

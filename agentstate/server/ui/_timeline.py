@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATER_CAP = 10_000  # entries after the page searched for a call's result
-CHUNK = 1000
+CHUNK = 20  # entries read at a time: each may be 16 MiB (the store's limit)
+
+
+class Exhausted(Exception):
+    """``later`` has read as much as it may (bytes, say): the calls still open are unsure."""
 
 
 @dataclass
@@ -45,7 +49,8 @@ def _kind(e: dict[str, Any]) -> str:
 
 def timeline(entries: list[dict[str, Any]],
              later: Callable[[int, int], list[dict[str, Any]]]) -> list[Item]:
-    """``entries``: one page, in seq order. ``later(since, limit)``: entries from a seq on."""
+    """``entries``: one page, in seq order. ``later(since, limit)``: entries from a seq on
+    (or Exhausted: no more may be read)."""
     items = [Item(e, _kind(e)) for e in entries]
     open_calls: dict[str, Item] = {}
     for it in items:
@@ -58,7 +63,10 @@ def timeline(entries: list[dict[str, Any]],
     if open_calls and entries:
         since, seen = entries[-1]["seq"] + 1, 0
         while open_calls and seen < LATER_CAP:
-            chunk = later(since, CHUNK)
+            try:
+                chunk = later(since, CHUNK)
+            except Exhausted:
+                break
             for e in chunk:
                 if _kind(e) == "result":
                     call = open_calls.pop(_key(e["call_id"]), None)

@@ -7,29 +7,36 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 import jinja2
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect, Request
 from starlette.exceptions import HTTPException
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import agentstate
-from agentstate.errors import AgentStateError, CursorExpired, InvalidValue, NotFound
+from agentstate.errors import (AgentStateError, CursorExpired, InvalidValue, NotFound, TooLarge,
+                               Unauthorized)
 
+from .. import _feedread as feed
 from .. import _http as h
+from .. import _json
+from .._limits import LIMITS
 from . import _pages as pages
+from . import _render
 from ._signin import COOKIE, SignIn, SignIns, csrf_ok, safe_next, same_origin
 from ._timeline import timeline
 
 if TYPE_CHECKING:
-    from ..app import API
+    from .._api import API
 
 TURNS = 20  # turns on a session's page
-FORM_LIMIT = 4 * 1024 * 1024  # a decision of up to 1 MiB, form-encoded
+FORM_LIMIT = LIMITS.form_body  # a decision of up to 1 MiB, form-encoded
+SIGNIN_FORM = LIMITS.signin_form  # signing in and out: a token, a path, a CSRF token
+STREAM_PAGE = 200  # changes a page's stream reads at a time
 # Nothing from elsewhere: our own script and style only; no inline script can run.
 HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -42,10 +49,6 @@ HEADERS = {
 STATIC = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 
 
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
-
-
 def _when(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):  # a lease's end: Unix seconds
         value = datetime.fromtimestamp(value, timezone.utc)
@@ -54,14 +57,9 @@ def _when(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _short(value: Any, n: int = 120) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= n else text[:n] + "…"
-
-
 ENV = jinja2.Environment(loader=jinja2.PackageLoader("agentstate.server.ui", "templates"),
                          autoescape=True)
-ENV.filters.update(pretty=_pretty, when=_when, short=_short, size=pages.size_of,
+ENV.filters.update(pretty=_render.pretty, when=_when, short=_render.short, size=pages.size_of,
                    url=lambda s: quote(str(s), safe=""))
 
 
@@ -73,11 +71,26 @@ class UI:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def render(self, request: Request, name: str, signin: SignIn | None, status: int = 200,
-               **ctx: Any) -> HTMLResponse:
-        html = ENV.get_template(name).render(request=request, me=signin.principal if signin else None,
-                                             csrf=signin.csrf if signin else "", **ctx)
-        return HTMLResponse(html, status_code=status, headers=HEADERS)
+    async def render(self, request: Request, name: str, signin: SignIn | None, status: int = 200,
+                     **ctx: Any) -> HTMLResponse:
+        """The page, rendered in a worker thread with its budget for values (_render)."""
+        query = [(k, v) for k, v in request.query_params.multi_items() if k != "format"]
+        ctx.update(request=request, me=signin.principal if signin else None,
+                   csrf=signin.csrf if signin else "", since=getattr(request.state, "since", ""),
+                   raw_url=request.url.path + "?" + urlencode([*query, ("format", "json")]))
+
+        def make() -> str:
+            _render.start_page()
+            return ENV.get_template(name).render(**ctx)
+
+        return HTMLResponse(await h.blocking(make), status_code=status, headers=HEADERS)
+
+    async def raw(self, data: Any) -> Response:
+        """A page's data as JSON (``?format=json``): the whole of what the page cut (bytes:
+        JSON already)."""
+        body = data if isinstance(data, bytes) else await h.blocking(h.dumps, data)
+        return Response(body, media_type="application/json",
+                        headers={**HEADERS, "content-disposition": "inline"})
 
     def page(self, fn: Callable[[Request, SignIn], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         """A handler for signed-in callers only; the store's refusals as pages."""
@@ -86,44 +99,55 @@ class UI:
             signin = await self.signins.find(request)
             if signin is None:
                 if request.method != "GET":
-                    return self.render(request, "error.html", None, 401, title="Signed out",
+                    return await self.render(request, "error.html", None, 401, title="Signed out",
                                        message="Sign in again: the sign-in has ended.")
                 nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse("/ui/login?next=" + quote(nxt, safe=""), 303, headers=HEADERS)
             try:
+                # The feed's head before the page's own reads: the page's stream starts
+                # there, so a write made while the page renders or its script connects shows.
+                request.state.since = await h.blocking(self.db.last_change)
                 return await fn(request, signin)
             except AgentStateError as e:
                 status = 404 if isinstance(e, NotFound) else e.status
-                return self.render(request, "error.html", signin, status, title=type(e).__name__,
-                                   message=str(e))
+                return await self.render(request, "error.html", signin, status,
+                                         title=type(e).__name__, message=str(e))
             except json.JSONDecodeError as e:
-                return self.render(request, "error.html", signin, 400, title="Not JSON",
-                                   message=f"the stored bytes are not JSON: {e}")
+                return await self.render(request, "error.html", signin, 400, title="Not JSON",
+                                         message=f"the stored bytes are not JSON: {e}")
 
         return handler
 
-    async def form(self, request: Request) -> dict[str, str]:
-        raw = await h.read_body(request, FORM_LIMIT)
-        try:
-            return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False))
-        except UnicodeDecodeError:
-            raise InvalidValue("the form is not UTF-8") from None
+    async def form(self, request: Request, limit: int = FORM_LIMIT) -> dict[str, str]:
+        """The form's fields; a big one parsed in a worker thread."""
+        raw = await h.read_body(request, limit)
+
+        def parse() -> dict[str, str]:
+            try:
+                return dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True,
+                                      strict_parsing=False, max_num_fields=100))
+            except UnicodeDecodeError:
+                raise InvalidValue("the form is not UTF-8") from None
+            except ValueError as e:  # more fields than any of our forms has
+                raise InvalidValue(f"not one of our forms: {e}") from None
+
+        return parse() if len(raw) <= 16 * 1024 else await h.blocking(parse)
 
     # -- signing in -------------------------------------------------------------------
 
     async def login_form(self, request: Request) -> Response:
-        return self.render(request, "login.html", None, next=safe_next(request.query_params.get("next", "")),
+        return await self.render(request, "login.html", None, next=safe_next(request.query_params.get("next", "")),
                            error=None)
 
     async def login(self, request: Request) -> Response:
         if not same_origin(request):
-            return self.render(request, "error.html", None, 403, title="Refused",
+            return await self.render(request, "error.html", None, 403, title="Refused",
                                message="a sign-in from another site's page")
-        f = await self.form(request)
+        f = await self.form(request, SIGNIN_FORM)  # before signing in: small
         nxt = safe_next(f.get("next", ""))
         sid = await self.signins.start(f.get("token", "").strip())
         if sid is None:
-            return self.render(request, "login.html", None, 401, next=nxt, error="unknown token")
+            return await self.render(request, "login.html", None, 401, next=nxt, error="unknown token")
         r = RedirectResponse(nxt, 303, headers=HEADERS)
         r.set_cookie(COOKIE, sid, path="/ui", httponly=True, samesite="strict",
                      secure=request.url.scheme == "https")
@@ -131,7 +155,8 @@ class UI:
 
     async def logout(self, request: Request) -> Response:
         signin = await self.signins.find(request)
-        if signin is not None and same_origin(request) and csrf_ok(signin, (await self.form(request)).get("csrf", "")):
+        if signin is not None and same_origin(request) and \
+                csrf_ok(signin, (await self.form(request, SIGNIN_FORM)).get("csrf", "")):
             self.signins.end(request)
         r = RedirectResponse("/ui/login", 303, headers=HEADERS)
         r.delete_cookie(COOKIE, path="/ui")
@@ -140,35 +165,40 @@ class UI:
     # -- pages ------------------------------------------------------------------------
 
     async def overview(self, request: Request, s: SignIn) -> Response:
-        o = await h.blocking(pages.overview, self.db, s.principal)
-        return self.render(request, "overview.html", s, o=o, watch="*")
+        o = await h.blocking(pages.overview, self.db, self.api.rule, s.principal)
+        return await self.render(request, "overview.html", s, o=o, watch="*")
 
     async def runs(self, request: Request, s: SignIn) -> Response:
         after = request.query_params.get("after") or None
         rows = await h.blocking(lambda: self.db.runs.list(after=after, limit=pages.PAGE + 1))
-        return self.render(request, "runs.html", s, runs=rows[:pages.PAGE], after=after,
+        return await self.render(request, "runs.html", s, runs=rows[:pages.PAGE], after=after,
                            next=_next(rows), watch="run")
 
     async def run(self, request: Request, s: SignIn) -> Response:
         run_id = request.path_params["run_id"]
         before = h.query_int(request, "before")
         rp = await h.blocking(pages.run_page, self.db, run_id, before)
+        if _as_json(request):  # as stored: what the page shows may be cut
+            return await self.raw(rp.raw)
+        budget = [LIMITS.run_page_search]
         items = await h.blocking(timeline, rp.entries,
-                                 lambda since, n: self.db.runs.entries(run_id, since, n))
-        return self.render(request, "run.html", s, rp=rp, items=items,
+                                 lambda since, n: pages.entries(self.db, run_id, since, n, budget))
+        return await self.render(request, "run.html", s, rp=rp, items=items,
                            watch=f"run::{run_id}" if rp.newest else "")
 
     async def snapshot(self, request: Request, s: SignIn) -> Response:
         run_id = request.path_params["run_id"]
-        snap = await h.blocking(pages.snapshot_page, self.db, run_id)
-        return self.render(request, "snapshot.html", s, run_id=run_id, snapshot=snap,
+        snap, raw = await h.blocking(pages.snapshot_page, self.db, run_id)
+        if _as_json(request):
+            return await self.raw(raw)
+        return await self.render(request, "snapshot.html", s, run_id=run_id, snapshot=snap,
                            watch=f"run::{run_id}")
 
     async def sessions(self, request: Request, s: SignIn) -> Response:
         after = request.query_params.get("after") or None
         rows = await h.blocking(lambda: self.db.sessions.list(s.principal, after=after,
                                                               limit=pages.PAGE + 1))
-        return self.render(request, "sessions.html", s, sessions=rows[:pages.PAGE], after=after,
+        return await self.render(request, "sessions.html", s, sessions=rows[:pages.PAGE], after=after,
                            next=_next(rows), watch="session")
 
     async def session(self, request: Request, s: SignIn) -> Response:
@@ -178,11 +208,14 @@ class UI:
         def read() -> tuple[Any, ...]:
             info = self.db.sessions.get(sid, s.principal)
             turns = self.db.sessions.turns(sid, s.principal, after=after, limit=TURNS + 1)
-            keys = _keys(self.db.sessions.state(sid, s.principal), None)
+            keys = _keys(self.db, self.db.sessions.state(sid, s.principal), None)
             return info, turns, keys
 
         info, turns, keys = await h.blocking(read)
-        return self.render(request, "session.html", s, info=info, turns=turns[:TURNS], after=after,
+        if _as_json(request):
+            return await self.raw({"id": info.id, "owner": info.owner, "metadata": info.metadata,
+                                   "turns": [_turn(t) for t in turns[:TURNS]]})
+        return await self.render(request, "session.html", s, info=info, turns=turns[:TURNS], after=after,
                            next=_next(turns, TURNS), keys=keys,
                            watch=f"session::{sid} kv:session:{sid}")
 
@@ -195,25 +228,27 @@ class UI:
             s.principal, pages.SECTIONS[section], after=after, limit=pages.PAGE + 1))
         title = {"active": "Queued and running turns", "held": "Turns held for a decision",
                  "expired": "Turns whose lease lapsed"}[section]
-        return self.render(request, "turns.html", s, title=title, turns=rows[:pages.PAGE],
+        return await self.render(request, "turns.html", s, title=title, turns=rows[:pages.PAGE],
                            which=section, after=after, next=_next(rows), watch="session")
 
     async def turn(self, request: Request, s: SignIn) -> Response:
         t = await h.blocking(self.db.sessions.get_turn, request.path_params["turn_id"], s.principal)
-        return self.render(request, "turn.html", s, t=t, error=None, draft="",
+        if _as_json(request):
+            return await self.raw(_turn(t))
+        return await self.render(request, "turn.html", s, t=t, error=None, draft="",
                            watch=f"session::{t.session_id}:{t.id}")
 
     async def decide(self, request: Request, s: SignIn) -> Response:
         turn_id = request.path_params["turn_id"]
         f = await self.form(request)
         if not same_origin(request) or not csrf_ok(s, f.get("csrf", "")):
-            return self.render(request, "error.html", s, 403, title="Refused",
+            return await self.render(request, "error.html", s, 403, title="Refused",
                                message="the form did not come from this page (reload it and try again)")
         text = f.get("decision", "")
-        try:
-            decision = h._loads(text)  # the API's strict JSON: no NaN or Infinity
-        except ValueError as e:
-            error = f"the decision is not JSON: {e}"
+        try:  # the API's parser: strict JSON, bounded depth and size, GIL-friendly
+            decision = await h.blocking(_json.parse, text, LIMITS.json_values)
+        except (InvalidValue, TooLarge) as e:
+            error = f"the decision is not JSON the store takes: {e}"
         else:
             try:
                 await h.blocking(self.db.sessions.decide, turn_id, s.principal, decision)
@@ -223,7 +258,7 @@ class UI:
                     raise
                 error = f"{type(e).__name__}: {e}"
         t = await h.blocking(self.db.sessions.get_turn, turn_id, s.principal)
-        return self.render(request, "turn.html", s, 400, t=t, error=error, draft=text,
+        return await self.render(request, "turn.html", s, 400, t=t, error=error, draft=text,
                            watch=f"session::{t.session_id}:{t.id}")
 
     async def scopes(self, request: Request, s: SignIn) -> Response:
@@ -232,23 +267,26 @@ class UI:
             return RedirectResponse(f"/ui/scopes/{quote(kind, safe='')}/{quote(sid, safe='')}", 303,
                                     headers=HEADERS)
         head = await h.blocking(self.db.last_change)
-        recent, _ = await h.blocking(pages.changes_window, self.db, head, 2000, topic="kv")
+
+        def read() -> list[Any]:
+            recent, _ = pages.changes_window(self.db, head, 2000, topic="kv")
+            return self.api.rule.visible(s.principal, recent)
+
         seen: dict[tuple[str, str], Any] = {}
-        visible = await h.blocking(pages.Visible, self.db, s.principal)
-        for c in reversed(recent):
-            if visible(c) and (c.kind, c.scope_id) not in seen and len(seen) < pages.PAGE:
+        for c in reversed(await h.blocking(read)):
+            if (c.kind, c.scope_id) not in seen and len(seen) < pages.PAGE:
                 seen[(c.kind, c.scope_id)] = c.at
-        return self.render(request, "scopes.html", s, recent=seen, watch="kv")
+        return await self.render(request, "scopes.html", s, recent=seen, watch="kv")
 
     async def scope(self, request: Request, s: SignIn) -> Response:
         kind, sid = request.path_params["kind"], request.path_params["id"]
         after = request.query_params.get("after") or None
 
         def read() -> Any:
-            return _keys(pages.scope(self.db, kind, sid, s.principal), after)
+            return _keys(self.db, pages.scope(self.db, self.api.rule, kind, sid, s.principal), after)
 
         keys = await h.blocking(read)
-        return self.render(request, "scope.html", s, kind=kind, sid=sid, keys=keys, after=after,
+        return await self.render(request, "scope.html", s, kind=kind, sid=sid, keys=keys, after=after,
                            watch=f"kv:{kind}:{sid}")
 
     async def key(self, request: Request, s: SignIn) -> Response:
@@ -256,69 +294,82 @@ class UI:
         start = h.query_int(request, "start", 0) or 0
 
         def read() -> dict[str, Any]:
-            sc = pages.scope(self.db, kind, sid, s.principal)
-            out: dict[str, Any] = {"expires_at": sc.expires_at(key), "bytes": None, "items": None}
-            try:
-                out["value"], out["version"] = sc.get_versioned(key)
-            except json.JSONDecodeError:
-                data = sc.get_bytes(key) or b""
-                out.update(value=None, version=None, bytes=data[:4096], size=len(data))
-                return out
-            if out["version"] == 0:
+            sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal)
+            row = pages.stored(self.db, sc, key)
+            if row is None:
                 raise NotFound(f"no key {key!r} in {kind}:{sid}")
-            out["size"] = pages.size_of(out["value"])
-            if isinstance(out["value"], list):
-                out["length"] = len(out["value"])
-                out["items"] = sc.slice(key, start, start + pages.PAGE)
+            if _as_json(request):  # the value as stored: JSON, or bytes
+                return {"raw": row.data if row.data is not None else row.text.encode("utf-8"),
+                        "bytes": row.data is not None}
+            out: dict[str, Any] = {"expires_at": sc.expires_at(key), "bytes": None, "items": None,
+                                   "size": row.size, "version": row.version}
+            if row.data is not None:
+                out.update(value=None, version=None, bytes=row.data[:4096])
+                return out
+            if row.is_list:  # a page of its items, each parsed as far as a page shows
+                out["length"] = sc.length(key)
+                texts = self.db._ops.kv_slice(sc.kind, sc.id, key, start, start + pages.PAGE) or []
+                out["items"] = [pages.parse(t)[0] for t in texts]
+            else:
+                out["value"] = pages.parse(row.text)[0]
             return out
 
         k = await h.blocking(read)
-        return self.render(request, "key.html", s, kind=kind, sid=sid, key=key, k=k, start=start,
+        if "raw" in k:
+            return Response(k["raw"], headers={**HEADERS, "content-disposition": "inline"},
+                            media_type="application/octet-stream" if k["bytes"]
+                            else "application/json")
+        return await self.render(request, "key.html", s, kind=kind, sid=sid, key=key, k=k, start=start,
                            page=pages.PAGE, watch=f"kv:{kind}:{sid}:{key}")
 
     async def changes(self, request: Request, s: SignIn) -> Response:
         head = await h.blocking(self.db.last_change)
         before = h.query_int(request, "before")
         upto = head if before is None or before > head else before - 1
-        rows, purged = await h.blocking(pages.changes_window, self.db, upto, pages.PAGE)
-        visible = await h.blocking(pages.Visible, self.db, s.principal)
-        rows = [c for c in rows if visible(c)]  # a page may show fewer: others' sessions left out
+        def read() -> tuple[list[Any], bool]:
+            rows, purged = pages.changes_window(self.db, upto, pages.PAGE)
+            return self.api.rule.visible(s.principal, rows), purged  # others' sessions left out
+
+        rows, purged = await h.blocking(read)
         older = upto - pages.PAGE + 1 if upto > pages.PAGE and not purged else None
-        return self.render(request, "changes.html", s, changes=list(reversed(rows)), head=head,
+        return await self.render(request, "changes.html", s, changes=list(reversed(rows)), head=head,
                            newest=before is None or before > head, older=older, purged=purged,
                            watch="")
 
     async def stream(self, request: Request, s: SignIn) -> Response:
         """The change feed as server-sent events, for a signed-in page (an EventSource
-        cannot send the API's Authorization header; it sends the cookie)."""
+        cannot send the API's Authorization header; it sends the cookie). It starts where
+        the page was rendered (``?since=``; on a reconnect, the browser's Last-Event-ID),
+        shows what the API would, and ends when the sign-in does."""
         last_id = request.headers.get("last-event-id", "")
-        since = int(last_id) if h.ascii_int(last_id) and int(last_id) >= 0 \
-            else await h.blocking(self.db.last_change)
-        db, notifier = self.db, self.api.notifier
-        visible = await h.blocking(pages.Visible, db, s.principal)
+        since = h.query_int(request, "since")
+        if h.ascii_int(last_id) and int(last_id) >= 0:
+            since = int(last_id)
+        if since is None:
+            since = await h.blocking(self.db.last_change)
+        db, rule, signin = self.db, self.api.rule, s
+
+        def read_from(cursor: int) -> Any:
+            return feed.read(db, rule, signin.principal, cursor, STREAM_PAGE, {})
+
+        async def still() -> None:
+            if await self.signins.recheck(signin) is None:
+                raise Unauthorized("signed out")
+
+        async def expired(e: CursorExpired) -> tuple[bytes, int | None]:
+            # away too long: the page reloads what it shows, and the stream goes on from now
+            return h.sse({}, event="resync"), await h.blocking(db.last_change)
 
         async def events() -> AsyncIterator[bytes]:
-            cursor = since
-            yield b"retry: 1000\n\n"
-            while not notifier.closing:
-                event = notifier.event  # before the read: a change during it is not missed
-                try:
-                    found = await h.blocking(db.changes, cursor, limit=200)
-                except CursorExpired:  # away too long: start again from now
-                    cursor = await h.blocking(db.last_change)
-                    yield b"event: resync\ndata: {}\n\n"
-                    continue
-                for c in found:
-                    if not await h.blocking(visible, c):
-                        cursor = c.seq
-                        continue
-                    yield b"id: %d\ndata: " % c.seq + h.dumps(_change(c)) + b"\n\n"
-                    cursor = c.seq
-                if not found and not await notifier.wait(15.0, event) and not notifier.closing:
-                    yield b": keep-alive\n\n"
+            with self.api.waits.hold(signin.principal):
+                async for chunk in feed.stream(
+                        self.api.notifier, read_from, since, still, first=b"retry: 1000\n\n",
+                        on_expired=expired, denied=lambda e: h.sse({}, event="signedout")):
+                    yield chunk
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        if request.method != "HEAD":
+            self.api.waits.check(signin.principal)
+        return h.event_stream(request, events())
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -334,30 +385,37 @@ def _next(rows: list[Any], size: int = pages.PAGE) -> str | None:
     return rows[size - 1].id if len(rows) > size else None
 
 
-def _keys(sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
+def _keys(db: agentstate.Database, sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
     """A page of a scope's keys, each with its version, size, expiry and a preview."""
     names = sc.list(after=after, limit=pages.PAGE + 1)
     rows = []
     for key in names[:pages.PAGE]:
-        try:
-            value, version = sc.get_versioned(key)
-            size: int | None = pages.size_of(value) if version else None
-            preview = _short(value)
-        except json.JSONDecodeError:
-            data = sc.get_bytes(key) or b""
-            value, version, size, preview = None, None, len(data), f"({len(data)} bytes, not JSON)"
-        rows.append({"key": key, "version": version, "size": size, "preview": preview,
+        row = pages.stored(db, sc, key)
+        if row is None:  # expired or deleted meanwhile
+            continue
+        if row.data is not None:
+            version, preview = None, f"({row.size} bytes, not JSON)"
+        else:  # the stored text, compact: a preview needs no parse
+            version = row.version
+            preview = row.text if len(row.text) <= 120 else row.text[:120] + "…"
+        rows.append({"key": key, "version": version, "size": row.size, "preview": preview,
                      "expires_at": sc.expires_at(key)})
     return {"rows": rows, "next": names[pages.PAGE - 1] if len(names) > pages.PAGE else None}
 
 
-def _change(c: agentstate.Change) -> dict[str, Any]:
-    return {**c._asdict(), "at": c.at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+def _as_json(request: Request) -> bool:
+    return request.query_params.get("format") == "json"
 
 
-def routes(api: API) -> list[BaseRoute]:
+def _turn(t: agentstate.Turn) -> dict[str, Any]:
+    return {"id": t.id, "session_id": t.session_id, "n": t.n, "status": t.status, "input": t.input,
+            "request": t.request, "decision": t.decision, "result": t.result, "error": t.error,
+            "created_at": _when(t.created_at), "updated_at": _when(t.updated_at)}
+
+
+def routes(api: API, ui: UI | None = None) -> list[BaseRoute]:
     """The routes of the pages, to mount beside the API's."""
-    ui = UI(api)
+    ui = ui or UI(api)
     p = ui.page
     return [
         Route("/ui", p(ui.overview), methods=["GET"]),
@@ -384,7 +442,8 @@ def routes(api: API) -> list[BaseRoute]:
 
 def middleware(api: API) -> Middleware:
     """Serve the pages (any path under /ui) before the API's router sees the request."""
-    router = Router(routes(api))
+    ui = UI(api)
+    router = Router(routes(api, ui))
 
     class Pages:
         def __init__(self, app: ASGIApp) -> None:
@@ -399,5 +458,11 @@ def middleware(api: API) -> Middleware:
             except HTTPException as e:  # no such page, or a method it does not take
                 await Response(f"{e.status_code} {e.detail}", e.status_code, media_type="text/plain",
                                headers=e.headers)(scope, receive, send)
+            except ClientDisconnect:  # it left halfway through a form: nobody to answer
+                return
+            except AgentStateError as e:  # outside a page's own handler: signing in, a form
+                page = await ui.render(Request(scope), "error.html", None, e.status,
+                                       title=type(e).__name__, message=str(e))
+                await page(scope, receive, send)
 
     return Middleware(Pages)

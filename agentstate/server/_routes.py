@@ -1,0 +1,125 @@
+"""The State API's one route table: Starlette's routes and the OpenAPI document are both
+made from ROUTES, and each entry states what its route needs (``auth``, the body's
+``limit``; SPEC §15's grant will be one more field, checked by ``API.endpoint``)."""
+
+from __future__ import annotations
+
+from ._api import Route_
+from ._limits import LIMITS
+from ._models import (AppendBody, BatchBody, ForkBody, PopBody, PruneRunsBody, PruneSessionsBody,
+                      PutBody, SessionBody, SettingBody, TouchBody, TrimBody, TurnBody, WriteBody)
+from .views import admin, changes, keys, runs, sessions
+
+VALUES = LIMITS.value_body  # a body that carries values
+
+
+def _key_routes() -> list[Route_]:
+    kv = "/v1/scopes/{kind}/{id}/keys"
+    own = "/v1/sessions/{session_id}/state/keys"
+    out: list[Route_] = []
+    for base, tag in ((kv, "scope"), (own, "session state")):
+        out += [
+            Route_("GET", base + "/{key}", keys.get_key, f"Read a key ({tag})", answer="Versioned",
+                   errors=(400, 404), extra={"bytes_answer": True}),
+            Route_("PUT", base + "/{key}", keys.put_key, f"Write a key ({tag})", body=PutBody,
+                   query=("if_version", "ttl"), answer="Version", errors=(400, 409, 413),
+                   limit=VALUES, extra={"bytes_body": LIMITS.bytes_body}),
+            Route_("DELETE", base + "/{key}", keys.delete_key, f"Delete a key ({tag})",
+                   query=("if_version",), answer="Deleted", errors=(400, 409)),
+            Route_("POST", base + "/{key}/append", keys.append, f"Append to a list ({tag})",
+                   body=AppendBody, answer="Appended", errors=(400, 409, 413), limit=VALUES),
+            Route_("POST", base + "/{key}/pop", keys.pop, f"Pop the last items ({tag})", body=PopBody,
+                   answer="Items", errors=(400, 409, 413)),
+            Route_("POST", base + "/{key}/touch", keys.touch, f"Set a key's expiry ({tag})",
+                   body=TouchBody, answer="Touched", errors=(400, 413)),
+            Route_("GET", base + "/{key}/expires_at", keys.expires_at, f"When a key expires ({tag})",
+                   answer="ExpiresAt"),
+            Route_("GET", base + "/{key}/slice", keys.slice, f"Items of a list ({tag})",
+                   query=("start", "stop"), answer="Items", errors=(400, 409)),
+            Route_("GET", base + "/{key}/length", keys.length, f"Length of a list ({tag})",
+                   answer="Length", errors=(400, 409)),
+            Route_("GET", base, keys.keys, f"List keys ({tag})", query=("prefix", "after", "limit"),
+                   answer="Keys"),
+        ]
+    for r in out:
+        if r.path.startswith(own):
+            r.errors = tuple(sorted({*r.errors, 404}))
+    return out
+
+
+ROUTES: list[Route_] = _key_routes() + [
+    Route_("POST", "/v1/batch", keys.batch, "Writes applied all or none", body=BatchBody,
+           answer="BatchResults", errors=(400, 404, 409, 413), limit=LIMITS.batch_body,
+           description=f"At most {LIMITS.batch_ops:,} ops (more: 413 too_large). Each op takes its "
+                       "own fields only; a `put` without `value` or an `append` without `items` is "
+                       "400 invalid_value (an explicit null is a value)."),
+    Route_("GET", "/v1/runs", runs.runs_list, "Runs, newest update first", query=("after", "limit"),
+           answer="Runs", errors=(400, 404)),
+    Route_("POST", "/v1/runs/prune", runs.runs_prune, "Delete old runs (admin)", body=PruneRunsBody,
+           answer="RunIds", errors=(400, 403, 413), auth="admin"),
+    Route_("GET", "/v1/runs/{run_id}", runs.run_get, "A run: entries and snapshot",
+           answer="Run", errors=(400, 404)),
+    Route_("GET", "/v1/runs/{run_id}/head", runs.run_head, "A run's snapshot and bounds, without "
+           "its history", answer="RunHead", errors=(400, 404, 500)),
+    Route_("DELETE", "/v1/runs/{run_id}", runs.run_delete, "Delete a run", answer="Deleted"),
+    Route_("POST", "/v1/runs/{run_id}/write", runs.run_write, "Add entries, replace the snapshot",
+           body=WriteBody, answer="Written", errors=(400, 404, 409, 413), limit=LIMITS.run_body),
+    Route_("GET", "/v1/runs/{run_id}/entries", runs.run_entries, "Entries from a seq",
+           query=("since", "limit"), answer="Entries"),
+    Route_("GET", "/v1/runs/{run_id}/tail", runs.run_tail, "The last entries", query=("n",),
+           answer="Entries"),
+    Route_("GET", "/v1/runs/{run_id}/load", runs.run_load, "The run ready to resume",
+           answer="Record", errors=(400, 404, 500)),
+    Route_("POST", "/v1/runs/{run_id}/fork", runs.run_fork, "Fork a run", body=ForkBody,
+           answer="Id", errors=(400, 404, 409, 413)),
+    Route_("POST", "/v1/runs/{run_id}/trim", runs.run_trim, "Remove old entries", body=TrimBody,
+           answer="Removed", errors=(400, 404, 413)),
+    Route_("POST", "/v1/sessions", sessions.sessions_create, "A new session", body=SessionBody,
+           ok=201, answer="Session", errors=(400, 403, 413), limit=VALUES),
+    Route_("GET", "/v1/sessions", sessions.sessions_list, "My sessions (all: admin)",
+           query=("after", "limit"), answer="Sessions", errors=(400, 403, 404)),
+    Route_("POST", "/v1/sessions/prune", sessions.sessions_prune, "Delete idle sessions (admin)",
+           body=PruneSessionsBody, answer="SessionIds", errors=(400, 403, 413), auth="admin"),
+    Route_("GET", "/v1/sessions/{session_id}", sessions.session_get, "A session", answer="Session",
+           errors=(400, 403, 404)),
+    Route_("DELETE", "/v1/sessions/{session_id}", sessions.session_delete, "Delete a session",
+           answer="Deleted", errors=(400, 403, 404)),
+    Route_("GET", "/v1/sessions/{session_id}/turns", sessions.turns_list, "A session's turns",
+           query=("after", "limit"), answer="Turns", errors=(400, 403, 404)),
+    Route_("POST", "/v1/sessions/{session_id}/turns", sessions.turn_start, "Start (or queue) a turn",
+           body=TurnBody, ok=201, answer="Turn", errors=(400, 403, 404, 409, 413), limit=VALUES),
+    Route_("POST", "/v1/sessions/{session_id}/release", sessions.session_release,
+           "End the active turn (admin)", answer="Turn", errors=(400, 403, 404, 409),
+           description="An admin's; anyone else gets 404 for a session not theirs (as for an "
+                       "unknown one) and 403 for their own: the store decides, in that order."),
+    Route_("GET", "/v1/turns", sessions.turns_by_status, "Open turns by status (mine; all: admin)",
+           query=("status", "after", "limit"), answer="Turns", errors=(400, 403, 404)),
+    Route_("GET", "/v1/turns/{turn_id}", sessions.turn_get, "A turn", answer="Turn",
+           errors=(400, 403, 404)),
+    Route_("POST", "/v1/turns/{turn_id}/{action}", sessions.turn_action, "Move a turn",
+           body="action", answer="Turn", errors=(400, 403, 404, 409, 413), limit=VALUES),
+    Route_("GET", "/v1/changes", changes.changes, "Changes after a seq (a long poll with wait)",
+           query=("since", "wait", "topic", "kind", "scope_id", "key", "limit"), answer="Changes",
+           errors=(400, 410),
+           description="`last` is where the next poll starts: past every change scanned, those "
+                       "the filters or the session rule left out included. With `wait` (up to "
+                       f"{LIMITS.long_poll_wait} s) the answer waits for a change the caller may "
+                       "see; a token revoked meanwhile ends it with a 401."),
+    Route_("GET", "/v1/changes/head", changes.changes_head, "The newest change's seq",
+           answer="Head", errors=()),
+    Route_("GET", "/v1/changes/stream", changes.changes_stream, "Changes as server-sent events",
+           query=("since", "topic", "kind", "scope_id", "key", "limit"), answer="stream",
+           errors=(400, 410), description=changes.STREAM_EVENTS),
+    Route_("GET", "/v1/settings", admin.settings, "The store's settings", answer="Settings",
+           errors=()),
+    Route_("PUT", "/v1/settings/{name}", admin.set_setting, "Change a setting (admin)",
+           body=SettingBody, answer="Settings", errors=(400, 403, 413), auth="admin"),
+    Route_("GET", "/v1/admin/check", admin.check, "Integrity and invariants (admin)",
+           answer="Problems", errors=(403, 500), auth="admin"),
+    Route_("GET", "/v1/admin/info", admin.info, "Sizes, versions, counts (admin)", answer="object",
+           errors=(403,), auth="admin"),
+    Route_("GET", "/v1/whoami", admin.whoami, "Who a request acts as", answer="object", errors=()),
+    Route_("GET", "/v1/health", admin.health, "Liveness", answer="Health", errors=(), auth="none"),
+    Route_("GET", "/openapi.json", admin.openapi, "This document", answer="object", errors=(),
+           auth="none"),
+]

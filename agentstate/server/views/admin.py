@@ -1,0 +1,52 @@
+"""Settings (SPEC §10), the admin's checks, liveness and the OpenAPI document."""
+
+from __future__ import annotations
+
+import functools
+
+from starlette.responses import Response
+
+import agentstate
+
+from .. import _http as h
+from .._api import API, Call
+from .._models import SettingBody
+
+
+async def settings(api: API, c: Call) -> Response:
+    return h.JSON(await h.blocking(api.db.settings))
+
+
+async def set_setting(api: API, c: Call) -> Response:
+    b = await c.json(SettingBody)
+    await h.blocking(api.db.set_setting, c.params["name"], b.value)
+    return h.JSON(await h.blocking(api.db.settings))
+
+
+async def check(api: API, c: Call) -> Response:
+    return h.JSON({"problems": await h.blocking(api.db.check)})
+
+
+async def info(api: API, c: Call) -> Response:
+    return h.JSON(await h.blocking(api.db.info))
+
+
+async def whoami(api: API, c: Call) -> Response:
+    """The principal the request acts as (the remote client asks once)."""
+    return h.JSON({"name": c.p.name, "admin": c.p.admin})
+
+
+async def health(api: API, c: Call) -> Response:
+    return h.JSON({"ok": True, "version": agentstate.__version__})
+
+
+@functools.cache
+def _document() -> bytes:
+    from .._routes import ROUTES
+    from ..openapi import document
+
+    return h.dumps(document(ROUTES))  # the same for every caller: made once
+
+
+async def openapi(api: API, c: Call) -> Response:
+    return Response(_document(), media_type="application/json")

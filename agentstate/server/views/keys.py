@@ -1,0 +1,163 @@
+"""Keys of a scope (SPEC §2, §12), a session's own state, and the all-or-none batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+import agentstate
+from agentstate._encoding import check_key
+from agentstate._scope import KEEP
+from agentstate.errors import InvalidValue, NotFound, TooLarge
+
+from .. import _http as h
+from .. import _json
+from .._api import API, Call, iso, json_response, raw_object, stored
+from .._limits import LIMITS
+from .._models import AppendBody, BatchBody, PopBody, TouchBody
+
+
+async def scope(api: API, c: Call) -> agentstate.Scope:
+    """The scope of the route: a session's own state after the store's access check, any
+    other after the session rule (another's session is as absent here as anywhere)."""
+    params = c.params
+    if "session_id" in params:
+        return await h.blocking(api.db.sessions.state, params["session_id"], c.p)
+    s = api.db.scope(params["kind"], params["id"])
+    if s.kind == "session":
+        await h.blocking(api.rule.check, c.p, s.kind, s.id)
+    return s
+
+
+async def get_key(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    if "application/octet-stream" in c.request.headers.get("accept", ""):
+        data = await h.blocking(s.get_bytes, key)
+        if data is None:
+            raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
+        return Response(data, media_type="application/octet-stream")
+    check_key(key)
+
+    def read() -> bytes:
+        row = api.db._ops.kv_get(s.kind, s.id, key)  # as stored: no decoding (_api.stored)
+        if row is None:
+            raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
+        type_, value, version, items = row
+        if type_ == "bytes":  # any bytes may be stored: JSON only if they parse (SPEC §2)
+            if not _json.is_json(value):
+                raise InvalidValue("the stored bytes are not JSON: ask with Accept: "
+                                   "application/octet-stream")
+            return raw_object(key=h.dumps(key), value=value, version=h.dumps(version))
+        text = "[" + (items or "") + "]" if type_ == "list" else value
+        return raw_object(key=h.dumps(key), value=stored(text), version=h.dumps(version))
+
+    return json_response(await h.blocking(read))
+
+
+async def put_key(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    if c.request.headers.get("content-type", "").startswith("application/octet-stream"):
+        data = await c.raw(LIMITS.bytes_body)
+        version = await h.blocking(
+            s.put_bytes, key, data, if_version=h.query_int(c.request, "if_version"),
+            ttl=h.query_number(c.request, "ttl", 1e-9, 1e11))
+        return h.JSON({"version": version})
+    b = await c.json()
+    if b.keep_ttl and b.ttl is not None:
+        raise InvalidValue("keep_ttl and ttl exclude each other")
+    version = await h.blocking(s.put, key, b.value, if_version=b.if_version,
+                               ttl=KEEP if b.keep_ttl else b.ttl)
+    return h.JSON({"version": version})
+
+
+async def delete_key(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    deleted = await h.blocking(s.delete, key, if_version=h.query_int(c.request, "if_version"))
+    return h.JSON({"deleted": deleted})
+
+
+async def append(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    b = await c.json(AppendBody)
+    r = await h.blocking(s.append, key, b.items, ttl=b.ttl)
+    return h.JSON({"length": r.length, "version": r.version})
+
+
+async def pop(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    b = await c.json(PopBody)
+    return await c.answer({"items": await h.blocking(s.pop, key, b.n)})
+
+
+async def touch(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    b = await c.json(TouchBody)
+    touched = await h.blocking(s.touch, key, b.ttl)
+    at = await h.blocking(s.expires_at, key) if touched else None
+    return h.JSON({"touched": touched, "expires_at": iso(at)})
+
+
+async def expires_at(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    return h.JSON({"expires_at": iso(await h.blocking(s.expires_at, key))})
+
+
+async def slice(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    start = h.query_int(c.request, "start", 0, lo=-(2**63))
+    stop = h.query_int(c.request, "stop", None, lo=-(2**63))
+    return await c.answer({"items": await h.blocking(s.slice, key, start, stop)})
+
+
+async def length(api: API, c: Call) -> Response:
+    s, key = await scope(api, c), c.params["key"]
+    return h.JSON({"length": await h.blocking(s.length, key)})
+
+
+async def keys(api: API, c: Call) -> Response:
+    s = await scope(api, c)
+    limit = h.query_int(c.request, "limit", None, lo=0, hi=LIMITS.list_page)
+    found = await h.blocking(s.list, c.q("prefix", "") or "", after=c.q("after") or None,
+                             limit=limit)
+    return await c.answer({"keys": found, "next": found[-1] if limit and len(found) == limit else None})
+
+
+def _count_ops(data: dict[str, Any]) -> None:
+    ops = data.get("ops")
+    if isinstance(ops, list) and len(ops) > LIMITS.batch_ops:
+        raise TooLarge(f"a batch of {len(ops)} ops, over the limit of {LIMITS.batch_ops}",
+                       len(ops), LIMITS.batch_ops)
+
+
+async def batch(api: API, c: Call) -> Response:
+    b = await c.json(BatchBody, check=_count_ops)
+    sessions = {op.scope.partition(":")[2] for op in b.ops if op.scope.startswith("session:")}
+    if await h.blocking(api.rule.hidden, c.p, sessions):  # as absent here as anywhere else
+        raise NotFound("no session: a batch op names a session this principal may not use")
+
+    def apply() -> list[Any]:
+        with api.db.batch() as bt:
+            for op in b.ops:
+                kind, sep, sid = op.scope.partition(":")
+                if not sep:
+                    raise agentstate.InvalidKey(f"scope must be KIND:ID, got {op.scope!r}")
+                target = bt.scope(kind, sid)
+                if op.op == "put":
+                    target.put(op.key, op.value, if_version=op.if_version, ttl=op.ttl)
+                elif op.op == "delete":
+                    target.delete(op.key, if_version=op.if_version)
+                else:
+                    target.append(op.key, op.items, ttl=op.ttl)
+        return bt.results or []
+
+    results = await h.blocking(apply)
+    return h.JSON({"results": [_result(r) for r in results]})
+
+
+def _result(r: Any) -> Any:
+    if isinstance(r, agentstate.Appended):
+        return {"length": r.length, "version": r.version}
+    if isinstance(r, bool):
+        return {"deleted": r}
+    return {"version": r}

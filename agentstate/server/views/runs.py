@@ -1,0 +1,116 @@
+"""Runs (SPEC §3): history entries and snapshots. Runs have no owner: any token reads and
+writes them; pruning (which may delete every run) is for admins, as for sessions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+import agentstate
+from agentstate._runs import parse_time
+
+from .. import _http as h
+from .._api import API, Call, iso, json_response, next_after, page, raw_object, stored
+from .._models import ForkBody, PruneRunsBody, TrimBody, WriteBody
+
+
+def _run_id(run_id: str) -> str:
+    from agentstate._encoding import check_key
+
+    return check_key(run_id, "run id")
+
+
+def _summary(r: agentstate.SavedState) -> dict[str, Any]:
+    return {"id": r.id, "task": r.task, "turn": r.turn, "stopped_by": r.stopped_by,
+            "finished": r.finished, "created_at": iso(r.created_at), "updated_at": iso(r.updated_at)}
+
+
+async def runs_list(api: API, c: Call) -> Response:
+    after, limit = page(c)
+    runs = await h.blocking(api.db.runs.list, after=after, limit=limit)
+    return await c.answer({"runs": [_summary(r) for r in runs], "next": next_after(runs, limit)})
+
+
+async def run_get(api: API, c: Call) -> Response:
+    run_id = _run_id(c.params["run_id"])
+
+    def read() -> bytes:
+        # The backend's own read (the seam's run_read): a remote load() checks the history
+        # against its recorded bounds and format as a local one does. Entries and snapshot
+        # go out as stored (see _api.stored).
+        got = api.db._ops.run_read(run_id)
+        if got is None:
+            raise agentstate.RunNotFound(f"no run {run_id!r}")
+        (snapshot, next_seq, fmt, first, *_), rows = got
+        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot, "a run's snapshot"),
+                          entries=_entries(rows), first_seq=h.dumps(first),
+                          next_seq=h.dumps(next_seq), format=h.dumps(fmt))
+
+    return json_response(await h.blocking(read))
+
+
+async def run_head(api: API, c: Call) -> Response:
+    run_id = _run_id(c.params["run_id"])
+
+    def read() -> bytes:
+        got = api.db._ops.run_head(run_id)
+        if got is None:
+            raise agentstate.RunNotFound(f"no run {run_id!r}")
+        snapshot, next_seq, fmt, first, created, updated = got
+        return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot, "a run's snapshot"),
+                          first_seq=h.dumps(first),
+                          next_seq=h.dumps(next_seq), format=h.dumps(fmt),
+                          created_at=h.dumps(iso(parse_time(created))),
+                          updated_at=h.dumps(iso(parse_time(updated))))
+
+    return json_response(await h.blocking(read))
+
+
+async def run_delete(api: API, c: Call) -> Response:
+    return h.JSON({"deleted": await h.blocking(api.db.runs.delete, c.params["run_id"])})
+
+
+async def run_write(api: API, c: Call) -> Response:
+    b = await c.json(WriteBody)
+    await h.blocking(api.db.runs.write, c.params["run_id"], b.entries, b.snapshot, create=b.create)
+    return h.JSON({"written": True})
+
+
+def _entries(rows: list[tuple[int, str]]) -> bytes:
+    return b"[" + b",".join(stored(text, "a stored run entry") for _, text in rows) + b"]"
+
+
+async def run_entries(api: API, c: Call) -> Response:
+    run_id = _run_id(c.params["run_id"])
+    since, limit = h.query_int(c.request, "since", 0), h.query_int(c.request, "limit")
+    rows = await h.blocking(api.db._ops.run_entries, run_id, since, limit)
+    return json_response(raw_object(entries=await h.blocking(_entries, rows)))
+
+
+async def run_tail(api: API, c: Call) -> Response:
+    run_id, n = _run_id(c.params["run_id"]), h.query_int(c.request, "n", 20)
+    rows = await h.blocking(api.db._ops.run_tail, run_id, n)
+    return json_response(raw_object(entries=await h.blocking(_entries, rows)))
+
+
+async def run_load(api: API, c: Call) -> Response:
+    rec = await h.blocking(api.db.runs.load, c.params["run_id"])
+    return await c.answer({"entries": rec.entries, "snapshot": rec.snapshot})
+
+
+async def run_fork(api: API, c: Call) -> Response:
+    b = await c.json(ForkBody)
+    await h.blocking(api.db.runs.fork, c.params["run_id"], b.new_id, upto=b.upto)
+    return h.JSON({"id": b.new_id})
+
+
+async def run_trim(api: API, c: Call) -> Response:
+    b = await c.json(TrimBody)
+    return h.JSON({"removed": await h.blocking(api.db.runs.trim, c.params["run_id"], before=b.before)})
+
+
+async def runs_prune(api: API, c: Call) -> Response:
+    b = await c.json(PruneRunsBody)
+    ids = await h.blocking(api.db.runs.prune, older_than=b.older_than, finished_only=b.finished_only)
+    return h.JSON({"runs": ids})
