@@ -100,10 +100,11 @@ def outcome(result: Any = None, error: Any = None) -> str:
     return '{"status":"ok","result":' + encode(result, MAX_RECORD - 1024)[0] + "}"
 
 
-def settle(ops: Ops, run_id: str, call_id: str, result: Any, error: Any, fence: Any) -> None:
+def settle(ops: Ops, run_id: str, call_id: str, result: Any, error: Any, fence: Any) -> str:
+    """Record the outcome; the tool_result entry written, as JSON text."""
     check_key(run_id, "run id")
     check_key(call_id, "call id")
-    _ops(ops, fence).run_settle(run_id, call_id, outcome(result, error))
+    return _ops(ops, fence).run_settle(run_id, call_id, outcome(result, error))
 
 
 def error_text(e: BaseException) -> str:

@@ -26,8 +26,11 @@ from agentstate.server import create_app
 
 from .test_expiry import *  # noqa: F403
 from .test_feed import *  # noqa: F403
+from .test_fence import *  # noqa: F403
+from .test_once import *  # noqa: F403
 from .test_parity import *  # noqa: F403
 from .test_pop_async_batch import *  # noqa: F403
+from .test_reads import *  # noqa: F403
 from .test_runs import *  # noqa: F403
 from .test_scope import *  # noqa: F403
 from .test_sessions import *  # noqa: F403
@@ -53,6 +56,11 @@ LEFT_OUT = {
     # the command works on a file or a server URL, not on an HTTP URL
     "test_command_changes_and_follow", "test_command_prune_trim_settings",
     "test_an_expired_key_is_absent_to_every_reader",
+    # fenced writes inside transaction(), snapshot(): blocks that cannot span HTTP calls
+    "test_a_fenced_write_fails_its_whole_transaction", "test_a_snapshot_sees_one_state",
+    "test_writes_inside_a_snapshot_are_usage_errors", "test_remote_snapshot_is_a_usage_error",
+    # SQLite's instruction counter, on a file of its own
+    "test_once_lookup_costs_the_same_at_any_run_length",
     # asyncio timing of the local worker threads (the remote twins are the same code)
     "test_async_twins_never_block_the_event_loop",
     "test_awatch_from_another_process_without_blocking_the_loop",
@@ -83,6 +91,7 @@ def db(db_path):
         time.sleep(0.01)
     remote = agentstate.connect(f"http://127.0.0.1:{port}", token=token)
     remote.served = local  # what conftest's digest(), target() and RawSQL() look at
+    remote.callworker_target = f"http://127.0.0.1:{port}#{token}"  # tests/callworkers.py
     yield remote
     remote.close()
     server.should_exit = True

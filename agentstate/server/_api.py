@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import agentstate
+from agentstate._encoding import check_key
 from agentstate.errors import Busy, Damaged, Forbidden, Unauthorized
 
 from . import _http as h
@@ -32,6 +33,8 @@ TOKEN_CACHE_S = 1.0  # a token's principal is looked up again after this: with t
 # check every LIMITS.stream_recheck seconds, a revoked token stops within 2 s (SPEC §15)
 INLINE_BODY = 16 * 1024  # a body up to this is parsed on the event loop (a few ms at worst)
 AUTH = ("none", "token", "admin")
+FENCE_HEADER = "x-agentstate-fence"
+DOTS = {"~.": ".", "~..": ".."}  # the path's escape of the keys "." and ".."
 
 
 @dataclass
@@ -200,7 +203,19 @@ class Call:
 
     @property
     def params(self) -> dict[str, Any]:
-        return self.request.path_params
+        """The path's parameters; ``~.`` and ``~..`` are the keys ``.`` and ``..``, which a
+        URL cannot carry as a segment (fetch and browsers drop them, %2E or not)."""
+        return {k: DOTS.get(v, v) for k, v in self.request.path_params.items()}
+
+    @property
+    def db(self) -> agentstate.Database:
+        """The store, as this request may write it: every write fenced by the turn named
+        in ``X-Agentstate-Fence`` (SPEC §14), if the request names one."""
+        fence = self.request.headers.get(FENCE_HEADER)
+        if fence is None:
+            return self.api.db
+        return agentstate.Database(self.api.db._ops.fenced(
+            check_key(fence, "the X-Agentstate-Fence header (a turn id)")))
 
     def q(self, name: str, default: str | None = None) -> str | None:
         return self.request.query_params.get(name, default)

@@ -21,11 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 import agentstate
-from agentstate.errors import AgentStateError, Forbidden, InvalidValue, TooLarge, Unauthorized
+from agentstate.errors import FIELDS, AgentStateError, Forbidden, InvalidValue, TooLarge, Unauthorized
 
 M = TypeVar("M", bound=BaseModel)
 PRINCIPAL_HEADER = "x-agentstate-principal"
-FIELDS = ("current_version", "turn_id", "size", "limit", "outcome_unknown")
 
 
 class Body(BaseModel):

@@ -117,3 +117,32 @@ class FailBody(Body):
 
 class SettingBody(Body):
     value: Any
+
+
+class GetManyBody(Body):
+    keys: list[str]
+
+
+class PinBody(Body):
+    pinned: bool = True
+
+
+class ClaimBody(Body):
+    """A claim of a tool call (SPEC §14); ``call`` is merged into its tool_call entry."""
+
+    call: dict[str, Any] | None = None
+    lease: float | int = 300.0
+    retry: bool = False
+
+
+class SettleBody(Body):
+    """A claimed call's outcome: ``result`` (a JSON value; null is one) or ``error``."""
+
+    result: Any = None
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> SettleBody:
+        if len(self.model_fields_set & {"result", "error"}) != 1:
+            raise ValueError("give the call's result, or its error, and not both")
+        return self

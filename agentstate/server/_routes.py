@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from ._api import Route_
 from ._limits import LIMITS
-from ._models import (AppendBody, BatchBody, ForkBody, PopBody, PruneRunsBody, PruneSessionsBody,
-                      PutBody, SessionBody, SettingBody, TouchBody, TrimBody, TurnBody, WriteBody)
+from ._models import (AppendBody, BatchBody, ClaimBody, ForkBody, GetManyBody, PinBody, PopBody,
+                      PruneRunsBody, PruneSessionsBody, PutBody, SessionBody, SettingBody,
+                      SettleBody, TouchBody, TrimBody, TurnBody, WriteBody)
 from .views import admin, changes, keys, runs, sessions
 
 VALUES = LIMITS.value_body  # a body that carries values
@@ -40,6 +41,14 @@ def _key_routes() -> list[Route_]:
                    answer="Length", errors=(400, 409)),
             Route_("GET", base, keys.keys, f"List keys ({tag})", query=("prefix", "after", "limit"),
                    answer="Keys"),
+            Route_("POST", base[:-len("/keys")] + "/get_many", keys.get_many,
+                   f"Read several keys at once ({tag})", body=GetManyBody, answer="Values",
+                   errors=(400, 413), limit=LIMITS.value_body),
+            Route_("GET", base[:-len("/keys")] + "/items", keys.items,
+                   f"List keys with their values ({tag})", query=("prefix", "after", "limit"),
+                   answer="KeyValues"),
+            Route_("POST", base[:-len("/keys")] + "/clear", keys.clear,
+                   f"Delete every key ({tag})", answer="Cleared", errors=(400,)),
         ]
     for r in out:
         if r.path.startswith(own):
@@ -74,6 +83,20 @@ ROUTES: list[Route_] = _key_routes() + [
            answer="Id", errors=(400, 404, 409, 413)),
     Route_("POST", "/v1/runs/{run_id}/trim", runs.run_trim, "Remove old entries", body=TrimBody,
            answer="Removed", errors=(400, 404, 413)),
+    Route_("POST", "/v1/runs/{run_id}/pin", runs.run_pin, "Keep a run from prune (or not)",
+           body=PinBody, answer="Pinned", errors=(400, 404, 413)),
+    Route_("POST", "/v1/runs/{run_id}/calls/{call_id}/claim", runs.call_claim,
+           "Claim a tool call, or say where it stands (SPEC §14)", body=ClaimBody,
+           answer="Claim", errors=(400, 404, 409, 413), limit=VALUES,
+           description="Every status is a 200 answer: claimed (run the call now, then settle "
+                       "it), done (with its result), failed (with its error), in_progress, "
+                       "in_doubt (retry=true claims it again). Errors: a bad request, a missing "
+                       "run, or a lapsed X-Agentstate-Fence (409 lease_lost)."),
+    Route_("POST", "/v1/runs/{run_id}/calls/{call_id}/settle", runs.call_settle,
+           "Record a claimed tool call's outcome", body=SettleBody, answer="Settled",
+           errors=(400, 404, 409, 413), limit=VALUES,
+           description="Exactly one of `result` (a JSON value) and `error` (its text). 409 "
+                       "invalid_transition: the call is not claimed, or settled already."),
     Route_("POST", "/v1/sessions", sessions.sessions_create, "A new session", body=SessionBody,
            ok=201, answer="Session", errors=(400, 403, 413), limit=VALUES),
     Route_("GET", "/v1/sessions", sessions.sessions_list, "My sessions (all: admin)",

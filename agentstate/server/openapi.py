@@ -37,10 +37,12 @@ SESSION = _obj(id={"type": "string"}, owner={"type": "string"}, created_at={"typ
                metadata={"type": "object"})
 SUMMARY = _obj(id={"type": "string"}, task={"type": "string"}, turn=INT, stopped_by=NULLABLE_STR,
                finished={"type": "boolean"}, created_at={"type": "string"},
-               updated_at={"type": "string"})
+               updated_at={"type": "string"}, pinned={"type": "boolean"})
+VERSIONED = _obj(value=JSON_VALUE, version=INT)
 ERROR = _obj(error=_obj(["code", "message"], code={"type": "string"}, message={"type": "string"},
                         current_version=INT, turn_id={"type": "string"}, size=INT, limit=INT,
-                        outcome_unknown={"type": "boolean"}))
+                        outcome_unknown={"type": "boolean"}, call_id={"type": "string"},
+                        at=NULLABLE_STR, error={"type": "string"}))
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "object": {"type": "object"},
@@ -60,7 +62,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 entries={"type": "array"}, first_seq=INT, next_seq=INT, format=INT),
     "RunHead": _obj(id={"type": "string"}, snapshot={"type": ["object", "null"]}, first_seq=INT,
                     next_seq=INT, format=INT, created_at={"type": "string"},
-                    updated_at={"type": "string"}),
+                    updated_at={"type": "string"}, pinned={"type": "boolean"}),
     "Problems": _obj(problems={"type": "array", "items": {"type": "string"}}),
     "Written": _obj(written={"type": "boolean"}),
     "Entries": _obj(entries={"type": "array", "items": {"type": "object"}}),
@@ -77,6 +79,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Settings": {"type": "object", "properties": {"feed_retention": INT}},
     "Health": _obj(ok={"type": "boolean"}, version={"type": "string"}),
     "Head": _obj(head=INT),
+    "Values": _obj(values={"type": "object", "additionalProperties": VERSIONED}),
+    "KeyValues": _obj(items={"type": "array", "items": _obj(key={"type": "string"},
+                                                            value=JSON_VALUE, version=INT)},
+                      next=NULLABLE_STR),
+    "Cleared": _obj(cleared=INT),
+    "Pinned": _obj(pinned={"type": "boolean"}),
+    "Claim": _obj(["status", "entry"], status={"type": "string", "enum": [
+        "claimed", "done", "failed", "in_progress", "in_doubt"]}, result=JSON_VALUE,
+        error={"type": "string"}, entry={"type": "object"}),
+    "Settled": _obj(entry={"type": "object"}),
 }
 
 QUERY: dict[str, dict[str, Any]] = {

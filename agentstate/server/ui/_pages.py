@@ -154,9 +154,9 @@ def _head(db: agentstate.Database, run_id: str) -> tuple[RunHead, str | None]:
     got = db._ops.run_head(check_key(run_id, "run id"))
     if got is None:
         raise agentstate.RunNotFound(f"no run {run_id!r}")
-    snapshot, next_seq, fmt, first, created, updated = got
+    snapshot, next_seq, fmt, first, created, updated, pinned = got
     return RunHead(run_id, None if snapshot is None else _shown(snapshot), first, next_seq, fmt,
-                   parse_time(created), parse_time(updated)), snapshot
+                   parse_time(created), parse_time(updated), bool(pinned)), snapshot
 
 
 def _shown(text: str, seq: int | None = None) -> Any:

@@ -15,7 +15,7 @@ from .. import _http as h
 from .. import _json
 from .._api import API, Call, iso, json_response, raw_object, stored
 from .._limits import LIMITS
-from .._models import AppendBody, BatchBody, PopBody, TouchBody
+from .._models import AppendBody, BatchBody, GetManyBody, PopBody, TouchBody
 
 
 async def scope(api: API, c: Call) -> agentstate.Scope:
@@ -23,8 +23,8 @@ async def scope(api: API, c: Call) -> agentstate.Scope:
     other after the session rule (another's session is as absent here as anywhere)."""
     params = c.params
     if "session_id" in params:
-        return await h.blocking(api.db.sessions.state, params["session_id"], c.p)
-    s = api.db.scope(params["kind"], params["id"])
+        return await h.blocking(c.db.sessions.state, params["session_id"], c.p)
+    s = c.db.scope(params["kind"], params["id"])
     if s.kind == "session":
         await h.blocking(api.rule.check, c.p, s.kind, s.id)
     return s
@@ -137,7 +137,7 @@ async def batch(api: API, c: Call) -> Response:
         raise NotFound("no session: a batch op names a session this principal may not use")
 
     def apply() -> list[Any]:
-        with api.db.batch() as bt:
+        with c.db.batch() as bt:
             for op in b.ops:
                 kind, sep, sid = op.scope.partition(":")
                 if not sep:
@@ -153,6 +153,29 @@ async def batch(api: API, c: Call) -> Response:
 
     results = await h.blocking(apply)
     return h.JSON({"results": [_result(r) for r in results]})
+
+
+async def get_many(api: API, c: Call) -> Response:
+    s = await scope(api, c)
+    b = await c.json(GetManyBody)
+    found = await h.blocking(s.get_many, b.keys)
+    return await c.answer({"values": {k: {"value": v.value, "version": v.version}
+                                      for k, v in found.items()}})
+
+
+async def items(api: API, c: Call) -> Response:
+    s = await scope(api, c)
+    after, limit = c.q("after") or None, h.query_int(c.request, "limit", None, lo=0,
+                                                      hi=LIMITS.list_page)
+    got = await h.blocking(s.items, c.q("prefix", "") or "", after=after, limit=limit)
+    return await c.answer({"items": [{"key": k, "value": v.value, "version": v.version}
+                                     for k, v in got],
+                           "next": got[-1][0] if limit and len(got) == limit else None})
+
+
+async def clear(api: API, c: Call) -> Response:
+    s = await scope(api, c)
+    return h.JSON({"cleared": await h.blocking(s.clear)})
 
 
 def _result(r: Any) -> Any:

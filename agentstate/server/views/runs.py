@@ -8,11 +8,13 @@ from typing import Any
 from starlette.responses import Response
 
 import agentstate
+from agentstate import _calls
 from agentstate._runs import parse_time
 
 from .. import _http as h
 from .._api import API, Call, iso, json_response, next_after, page, raw_object, stored
-from .._models import ForkBody, PruneRunsBody, TrimBody, WriteBody
+from .._models import (ClaimBody, ForkBody, PinBody, PruneRunsBody, SettleBody, TrimBody,
+                       WriteBody)
 
 
 def _run_id(run_id: str) -> str:
@@ -23,7 +25,8 @@ def _run_id(run_id: str) -> str:
 
 def _summary(r: agentstate.SavedState) -> dict[str, Any]:
     return {"id": r.id, "task": r.task, "turn": r.turn, "stopped_by": r.stopped_by,
-            "finished": r.finished, "created_at": iso(r.created_at), "updated_at": iso(r.updated_at)}
+            "finished": r.finished, "created_at": iso(r.created_at), "updated_at": iso(r.updated_at),
+            "pinned": r.pinned}
 
 
 async def runs_list(api: API, c: Call) -> Response:
@@ -57,12 +60,13 @@ async def run_head(api: API, c: Call) -> Response:
         got = api.db._ops.run_head(run_id)
         if got is None:
             raise agentstate.RunNotFound(f"no run {run_id!r}")
-        snapshot, next_seq, fmt, first, created, updated = got
+        snapshot, next_seq, fmt, first, created, updated, pinned = got
         return raw_object(id=h.dumps(run_id), snapshot=stored(snapshot, "a run's snapshot"),
                           first_seq=h.dumps(first),
                           next_seq=h.dumps(next_seq), format=h.dumps(fmt),
                           created_at=h.dumps(iso(parse_time(created))),
-                          updated_at=h.dumps(iso(parse_time(updated))))
+                          updated_at=h.dumps(iso(parse_time(updated))),
+                          pinned=h.dumps(bool(pinned)))
 
     return json_response(await h.blocking(read))
 
@@ -73,7 +77,7 @@ async def run_delete(api: API, c: Call) -> Response:
 
 async def run_write(api: API, c: Call) -> Response:
     b = await c.json(WriteBody)
-    await h.blocking(api.db.runs.write, c.params["run_id"], b.entries, b.snapshot, create=b.create)
+    await h.blocking(c.db.runs.write, c.params["run_id"], b.entries, b.snapshot, create=b.create)
     return h.JSON({"written": True})
 
 
@@ -114,3 +118,29 @@ async def runs_prune(api: API, c: Call) -> Response:
     b = await c.json(PruneRunsBody)
     ids = await h.blocking(api.db.runs.prune, older_than=b.older_than, finished_only=b.finished_only)
     return h.JSON({"runs": ids})
+
+
+async def run_pin(api: API, c: Call) -> Response:
+    b = await c.json(PinBody)
+    return h.JSON({"pinned": await h.blocking(c.db.runs.pin, c.params["run_id"], b.pinned)})
+
+
+async def call_claim(api: API, c: Call) -> Response:
+    """A claim's every status is an answer (SPEC §14); a bad request, a missing run or a
+    lapsed fence are errors."""
+    b = await c.json(ClaimBody)
+    got = await h.blocking(c.db.runs.claim, c.params["run_id"], c.params["call_id"], call=b.call,
+                           lease=b.lease, retry=b.retry)
+    out: dict[str, Any] = {"status": got.status, "entry": got.entry}
+    if got.status == "done":
+        out["result"] = got.result
+    elif got.status == "failed":
+        out["error"] = got.error
+    return await c.answer(out)
+
+
+async def call_settle(api: API, c: Call) -> Response:
+    b = await c.json(SettleBody)
+    text = await h.blocking(_calls.settle, c.db._ops, c.params["run_id"], c.params["call_id"],
+                            b.result, b.error, None)
+    return json_response(raw_object(entry=stored(text, "a run entry")))
