@@ -15,7 +15,7 @@ from agentstate._runs import RunHead, parse_time
 from agentstate.errors import CursorExpired
 
 from .. import _json
-from .._access import SessionRule
+from .._access import SEE_ALL, SessionRule
 from .._api import raw_object
 from .._api import stored as stored_text
 from .._limits import LIMITS
@@ -204,3 +204,12 @@ def snapshot_page(db: agentstate.Database, run_id: str) -> tuple[Any, bytes]:
     """A run's snapshot on a page of its own (the history is not read), and as stored."""
     rh, snapshot = _head(db, run_id)
     return rh.snapshot, stored_text(snapshot)
+
+
+def turn_live(db: agentstate.Database, turn_id: str) -> bool:
+    """Whether a turn holds its lease (a once() claim fenced by it is still live); whoever
+    asks, as runs have no owner and only the claim's state is shown."""
+    try:
+        return db.sessions.get_turn(turn_id, SEE_ALL).status in ("running", "resuming")
+    except agentstate.AgentStateError:
+        return False
