@@ -434,9 +434,10 @@ class SessionsRepo(Protocol):
     def move(self, c: Conn, turn_id: str, from_states: tuple[str, ...], to: str,
              sets: dict[str, Any], lease: float | None, what: str) -> Row: ...
     def active_turn(self, c: Conn, session_id: str) -> Row | None: ...
-    def check_fence(self, c: Conn, turn_id: str, now: float) -> None:
-        """Inside a write: ``LeaseLost`` unless the turn is running or resuming with its
-        lease held; no other turn of its session can start before this write commits."""
+    def check_fence(self, c: Conn, turn_id: str) -> None:
+        """First thing inside a write: ``LeaseLost`` unless the turn is running or resuming
+        with its lease held by the store's clock; no other turn of its session can start
+        before this write commits."""
         ...
 
 

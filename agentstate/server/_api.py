@@ -145,6 +145,8 @@ class API:
         self.notifier = Notifier(db)
         self.waits = Waits()
         self._tokens: dict[str, tuple[float, agentstate.Principal | None]] = {}
+        self.routes: list[Route_] = []  # the route table, set by create_app
+        self.document: bytes | None = None  # the OpenAPI document, made at its first request
         self._big: asyncio.Semaphore | None = None  # made on the server's own loop
 
     @property

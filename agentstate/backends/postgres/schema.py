@@ -66,7 +66,7 @@ def _v2_to_v3(c: psycopg.Connection) -> None:
     """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs."""
     c.execute(schema_object("run_entry_call"))
     c.execute("ALTER TABLE run ADD COLUMN pinned boolean NOT NULL DEFAULT false")
-    for name in ("run_prune", "kv_clear", "run_pin"):
+    for name in ("run_prune", "kv_clear", "run_pin", "turn_fence"):
         c.execute(schema_function(name))
     c.execute("DROP VIEW runs")
     c.execute(schema_object("runs"))

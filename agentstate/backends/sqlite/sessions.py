@@ -213,9 +213,10 @@ def active_turn(c: Conn, session_id: str) -> tuple[Any, ...] | None:
     ).fetchone()
 
 
-def check_fence(c: Conn, turn_id: str, now: float) -> None:
+def check_fence(c: Conn, turn_id: str) -> None:
     """LeaseLost unless the turn runs (or resumes) with its lease held. Inside a write
     transaction, which holds the file's write lock: no turn can start before its COMMIT."""
+    now = time.time()
     row = turn_row(c, turn_id)
     if not turn_live(row, now):
         status = "unknown" if row is None else effective_status(row[3], row[9], now)
