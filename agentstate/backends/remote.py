@@ -465,9 +465,16 @@ class RemoteOps:
     # -- the change feed and settings ---------------------------------------------------------------
 
     def feed_scan(self, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[Row], int]:
-        d = self._call("GET", "/v1/changes", params={"since": since, "limit": limit, **flt})
-        rows = [_change_row(c) for c in d["changes"]]
-        return rows, d["last"]
+        """As the local scan: the first changes after ``since`` this token may see. The
+        server leaves out what the caller may not see and says how far it read (``last``):
+        an empty page with ``last`` past the cursor means only that, so ask on from there."""
+        cursor = since
+        while True:
+            d = self._call("GET", "/v1/changes", params={"since": cursor, "limit": limit, **flt})
+            rows = [_change_row(c) for c in d["changes"]]
+            if rows or d["last"] <= cursor:
+                return rows, d["last"]
+            cursor = d["last"]
 
     def feed_head(self) -> int:
         return self._call("GET", "/v1/changes/head")["head"]
