@@ -67,3 +67,13 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     assert db.scope("session", "s-42").get("settings") == {"model": "large"} and scope["visits"] == 1
     assert db.runs.load("run-1").entries[-1]["status"] == "unknown"
     db.close()
+
+
+def test_readme_links_lead_somewhere():
+    """Every relative link of the landing page names a file of the repository."""
+    import re
+
+    links = re.findall(r"\]\(([^)#]+)\)", (REPO / "README.md").read_text())
+    relative = [link for link in links if "://" not in link]
+    assert len(relative) >= 10
+    assert [link for link in relative if not (REPO / link).exists()] == []
