@@ -6,7 +6,7 @@
 import { InvalidValue, Unauthorized } from "./errors.js";
 import { Feed, type FeedFilter } from "./feed.js";
 import { Http, type Fetch } from "./http.js";
-import { checkKey, type ScopeKind } from "./json.js";
+import { checkKey, fenceOf, type Fence, type ScopeKind } from "./json.js";
 import { Runs } from "./runs.js";
 import { Batch, Scope, State, UpdateTurns } from "./scope.js";
 import { Sessions } from "./sessions.js";
@@ -21,8 +21,8 @@ export interface ConnectOptions {
   fetch?: Fetch;
 }
 
-/** The ids of `db.state(...)`: one per scope kind used. */
-export type StateIds = Partial<Record<ScopeKind, string>>;
+/** The ids of `db.state(...)`: one per scope kind used; `fence` fences every write of them. */
+export type StateIds = Partial<Record<ScopeKind, string>> & { fence?: Fence };
 
 export class Database {
   /** Runs: histories and snapshots (SPEC §3). */
@@ -44,19 +44,24 @@ export class Database {
     this.feed = new Feed(http);
   }
 
-  /** The keys of one scope: kind `thread`, `session`, `agent`, `user` or `app`. :throws InvalidKey */
-  scope(kind: ScopeKind, id: string): Scope {
-    return new Scope(this.http, this.turns, kind, id);
+  /**
+   * The keys of one scope: kind `thread`, `session`, `agent`, `user` or `app`. `fence`
+   * (a Turn or turn id): every write lands only while that turn holds its lease (SPEC §14).
+   * :throws InvalidKey
+   */
+  scope(kind: ScopeKind, id: string, opts: { fence?: Fence } = {}): Scope {
+    return new Scope(this.http, this.turns, kind, id, false, opts.fence);
   }
 
   /** Several scopes of one invocation; reading a member whose id was not given throws. */
   state(ids: StateIds): State {
-    return new State((kind, id) => this.scope(kind, id), ids);
+    const fence = fenceOf(ids?.fence);
+    return new State((kind, id) => this.scope(kind, id, { fence }), ids);
   }
 
-  /** Writes collected and applied all or none, in one request, by `commit()`. */
-  batch(): Batch {
-    return new Batch(this.http);
+  /** Writes collected and applied all or none, in one request, by `commit()`; `fence` fences them all. */
+  batch(opts: { fence?: Fence } = {}): Batch {
+    return new Batch(this.http, opts.fence);
   }
 
   /** The newest change's seq (0 on a new store). */

@@ -3,6 +3,7 @@
  * The principal is the token's (or, for an admin, the one given to `connect`).
  */
 
+import { errorText } from "./calls.js";
 import { InvalidTransition, InvalidValue } from "./errors.js";
 import type { Http } from "./http.js";
 import { checkInt, checkKey, checkSeconds, encode, type JsonValue } from "./json.js";
@@ -96,10 +97,7 @@ export class Turn {
 
   /** running or resuming → failed, with the error's text. */
   fail(error: unknown): Promise<this> {
-    const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    // Any text is recorded: what JSON cannot keep (NUL, a lone surrogate) becomes U+FFFD.
-    const storable = text.replace(/\0|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, "\uFFFD");
-    return this.act("fail", `{"error":${encode(storable)}}`);
+    return this.act("fail", `{"error":${encode(errorText(error))}}`);
   }
 }
 

@@ -1,13 +1,17 @@
 /**
  * TypeScript and Python on one store: values byte for byte in both
  * directions, the numbers rules, concurrent updates from both languages
- * losing nothing, and a subscription that outlives a server restart.
+ * losing nothing, reads in one call and stored entries alike in both, tool
+ * calls claimed in one language seen in the other and run once however both
+ * race, and a subscription that outlives a server restart.
  */
 
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
-import { connect, type Change, type Database, type JsonValue } from "agentstate";
+import { spawn, type ChildProcess } from "node:child_process";
+
+import { CallInProgress, connect, type Change, type Database, type JsonValue } from "agentstate";
 import { parse } from "#internal/json.js";
 import { PyWorker, pythonProcess, serve, type Served } from "./server.js";
 
@@ -152,6 +156,162 @@ describe("updates from both languages at once", () => {
     const codes = await Promise.all(outputs.map((o) => o.exited));
     assert.deepEqual(codes, [0, 0, 0, 0], outputs.map((o) => o.text()).join("\n"));
     assert.equal(await db.scope("app", "race").get(key), 8 * N);
+  });
+});
+
+describe("reads in one call, in both languages", () => {
+  it("getMany gives what Python's get_many gives", async () => {
+    const keys = ["a", "big", "l", "bj", "absent", "f"];
+    const python = await py(
+      "s = db.scope('user', 'interop-many')\n" +
+      "s.put('a', {'x': [1, 2.5, None], 'é': 'ü'})\n" +
+      "s.put('big', [2**63 - 1, -(2**53) - 1]); s.put('big', [2**63 - 1, -(2**53) - 1])\n" +
+      "s.append('l', [1, 'two']); s.append('l', [{'three': 3}])\n" +
+      "s.put_bytes('bj', b'{\"j\": 1.0}')\n" +
+      "s.put('f', 1e-07)\n" +
+      "out = [[k, v.value, v.version] for k, v in s.get_many(inp).items()]", keys);
+    const got = await db.scope("user", "interop-many").getMany(keys);
+    assert.deepEqual(Object.entries(got).map(([k, v]) => [k, v.value === undefined ? null : v.value, v.version]), python);
+    assert.deepEqual(got.absent, { value: undefined, version: 0 });
+    assert.deepEqual(got.big, { value: [9223372036854775807n, -9007199254740993n], version: 2 });
+  });
+
+  it("raw entries are the text Python's entries(raw=True) gives, byte for byte", async () => {
+    const python = await py(
+      "db.runs.write('interop-raw', [{'seq': 0, 'type': 'user', 'content': 'é \"q\" ]}', 'f': 1.0, 'n': 2**62},\n" +
+      "    {'seq': 1, 'type': 'tool_call', 'call_id': 'c', 'args': {'x': [[], {}], 'e': 1e-07}}], {'task': 't'},\n" +
+      "    create=True)\n" +
+      "out = db.runs.entries('interop-raw', raw=True)") as string[];
+    assert.equal(python.length, 2);
+    assert.deepEqual(await db.runs.entries("interop-raw", { raw: true }), python);
+    assert.ok(python[0]!.includes('"f":1.0'), "Python's own spelling, kept as stored");
+  });
+});
+
+/** Resolve once `p` has printed `text` (its stdout), else reject when it exits. */
+function printed(p: ChildProcess, text: string, out: { text: string }): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const check = () => { if (out.text.includes(text)) resolve(); };
+    p.stdout!.on("data", check);
+    p.on("close", (code) => reject(new Error(`exited ${code} before printing ${text}: ${out.text}`)));
+    check();
+  });
+}
+
+function collect(p: ChildProcess): { text: string; err: string; exited: Promise<number | null> } {
+  const out = { text: "", err: "", exited: new Promise<number | null>((resolve) => p.on("close", resolve)) };
+  p.stdout!.on("data", (b: Buffer) => { out.text += b.toString(); });
+  p.stderr!.on("data", (b: Buffer) => { out.err += b.toString(); });
+  return out;
+}
+
+describe("tool calls between TypeScript and Python", () => {
+  it("a call claimed from Python is in progress from TypeScript, and the other way round", async () => {
+    const run = "interop-claims";
+    await db.runs.write(run, [], { task: "claims" }, { create: true });
+    assert.equal(await py("out = db.runs.claim(inp, 'py-call', call={'tool': 'pay'}).status", run), "claimed");
+    const seen = await db.runs.claim(run, "py-call");
+    assert.deepEqual([seen.status, seen.entry.tool], ["in_progress", "pay"]);
+    const err = await db.runs.once(run, "py-call", () => "never").catch((e: unknown) => e);
+    assert.ok(err instanceof CallInProgress && err.callId === "py-call", String(err));
+
+    assert.equal((await db.runs.claim(run, "ts-call", { call: { tool: "mail" } })).status, "claimed");
+    assert.deepEqual(await py(
+      "c = db.runs.claim(inp, 'ts-call')\n" +
+      "try:\n" +
+      "    db.runs.once(inp, 'ts-call', lambda: 'never')\n" +
+      "except agentstate.CallInProgress as e:\n" +
+      "    out = [c.status, c.entry['tool'], e.call_id]\n", run), ["in_progress", "mail", "ts-call"]);
+
+    await db.runs.settle(run, "py-call", { result: { from: "ts" } });
+    assert.deepEqual(await py("out = db.runs.once(inp, 'py-call', lambda: 'never')", run), { from: "ts" });
+    await py("db.runs.settle(inp, 'ts-call', error='SMTPError: refused')", run);
+    const failed = await db.runs.once(run, "ts-call", () => "never").catch((e: unknown) => e);
+    assert.ok(failed instanceof Error && (failed as { error?: string }).error === "SMTPError: refused", String(failed));
+  });
+
+  it("once from 4 TypeScript and 4 Python processes racing on the same call ids runs each effect once", async () => {
+    const N = 12;
+    const run = "interop-once-race";
+    await db.runs.write(run, [], { task: "race" }, { create: true });
+    const client = new URL("../../dist/index.js", import.meta.url).href;
+    const tsCode = `
+      const { connect, CallInProgress } = await import(process.env.CLIENT);
+      const [url, token, run, who, n, start] = process.argv.slice(1);
+      const db = connect(url, { token });
+      const effects = db.scope("app", "interop-effects");
+      await effects.length(run); // the connection made before the start
+      console.log("ready");
+      await new Promise((resolve) => process.stdin.once("data", resolve));
+      const results = {};
+      for (let j = 0; j < Number(n); j++) {
+        const id = "call-" + ((j + Number(start)) % Number(n));
+        for (;;) {
+          try {
+            results[id] = await db.runs.once(run, id, async () => {
+              await effects.append(run, [who + ":" + id]);
+              await new Promise((resolve) => setTimeout(resolve, 50)); // a tool takes a while
+              return who + ":" + id;
+            });
+            break;
+          } catch (e) {
+            if (!(e instanceof CallInProgress)) throw e;
+            await new Promise((resolve) => setTimeout(resolve, 10));
+          }
+        }
+      }
+      console.log(JSON.stringify(results));
+      process.stdin.destroy();`;
+    const pyCode = "import sys, json, time, agentstate\n" +
+      "url, token, run, who, n, start, how, path = sys.argv[1:]\n" +
+      "db = agentstate.open(path) if how == 'file' else agentstate.connect(url, token=token)\n" +
+      "effects = db.scope('app', 'interop-effects')\n" +
+      "effects.length(run)\n" +
+      "print('ready', flush=True)\n" +
+      "sys.stdin.readline()\n" +
+      "results = {}\n" +
+      "for j in range(int(n)):\n" +
+      "    cid = f'call-{(j + int(start)) % int(n)}'\n" +
+      "    def fn():\n" +
+      "        effects.append(run, [f'{who}:{cid}'])\n" +
+      "        time.sleep(0.05)\n" +
+      "        return f'{who}:{cid}'\n" +
+      "    while True:\n" +
+      "        try:\n" +
+      "            results[cid] = db.runs.once(run, cid, fn)\n" +
+      "            break\n" +
+      "        except agentstate.CallInProgress:\n" +
+      "            time.sleep(0.01)\n" +
+      "print(json.dumps(results), flush=True)\n";
+    // Worker i of each language starts at call (i * N/4) and goes round all N: the two
+    // languages' workers i race head to head from their first call, and meet the others' later.
+    const start = (i: number) => String((i * N) / 4);
+    const procs: ChildProcess[] = [];
+    for (let i = 0; i < 4; i++) {
+      procs.push(spawn(process.execPath,
+        ["--input-type=module", "-e", tsCode, srv.url, srv.token, run, `ts${i}`, String(N), start(i)],
+        { stdio: ["pipe", "pipe", "pipe"], env: { ...process.env, CLIENT: client } }));
+    }
+    for (const [i, how] of ["file", "http", "file", "http"].entries()) {
+      procs.push(pythonProcess(pyCode, [srv.url, srv.token, run, `py${i}-${how}`, String(N), start(i), how, srv.db]));
+    }
+    try {
+      const outs = procs.map(collect);
+      await Promise.all(procs.map((p, i) => printed(p, "ready", outs[i]!)));
+      for (const p of procs) p.stdin!.write("go\n");
+      const codes = await Promise.all(outs.map((o) => o.exited));
+      assert.deepEqual(codes, procs.map(() => 0), outs.map((o) => o.text + o.err).join("\n"));
+      const results = outs.map((o) => JSON.parse(o.text.trim().split("\n").pop()!) as Record<string, string>);
+      const effects = await db.scope("app", "interop-effects").slice<string>(run);
+      assert.equal(effects.length, N, `each effect once: ${effects.join(" ")}`);
+      const byCall = Object.fromEntries(effects.map((e) => [e.slice(e.indexOf(":") + 1), e]));
+      assert.deepEqual(Object.keys(byCall).sort(), Array.from({ length: N }, (_, i) => `call-${i}`).sort());
+      for (const r of results) assert.deepEqual(r, byCall, "every caller got the result of the one run");
+      const entries = await db.runs.entries(run);
+      assert.equal(entries.length, 2 * N, "one claim and one result per call, no retry");
+    } finally {
+      for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
+    }
   });
 });
 
