@@ -89,9 +89,9 @@ class Notifier:
         if self.closing:
             return False
         woken = asyncio.ensure_future(since.wait())
+        waits: list[asyncio.Future[Any]] = [woken, gone] if gone else [woken]
         try:
-            await asyncio.wait([woken, gone] if gone else [woken], timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             woken.cancel()
         return woken.done() and not woken.cancelled() and not self.closing

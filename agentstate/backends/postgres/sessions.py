@@ -15,8 +15,7 @@ from .statements import Conn
 
 Row = tuple[Any, ...]
 # Turn rows carry the status as it reads now on the server's clock (the store's clock,
-# SPEC §11): a leased status whose lease lapsed is 'expired' (see _turnstate).
-STATUS_BY_STORE = True
+# SPEC §11): a leased status whose lease lapsed is 'expired', as on SQLite.
 TURN_COLUMNS = ("t.id, t.session_id, t.n, "
                 "CASE WHEN t.status IN ('queued', 'running', 'resuming') AND t.lease_until < clock_timestamp() "
                 "THEN 'expired' ELSE t.status END, t.input::text, t.request::text, "

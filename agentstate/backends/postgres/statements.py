@@ -145,7 +145,9 @@ class Conn:
         self.flushes = 0
         self.fence: str | None = None  # AUTO: a turn to check first (fence_first)
 
-    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor:
+    def execute(self, query: Any, params: Any = None) -> Any:
+        """The statement's cursor (rows are whatever it returns: typed loosely, as a
+        repository's connection is in base.py)."""
         if self.pending:
             return self._with_pending(query, params)
         if self.mode is not AUTO:
@@ -167,7 +169,7 @@ class Conn:
                     raise
         raise AssertionError("unreachable")
 
-    def _lone(self, query: Any, params: Any, text: str | None) -> psycopg.Cursor:
+    def _lone(self, query: Any, params: Any, text: str | None) -> Any:
         """One statement in a transaction of its own, then the wake-up (feed_notify)."""
         raw = self.raw
         if text is None:  # two round trips: a parameter not written as a literal
@@ -194,7 +196,7 @@ class Conn:
             cur.nextset()  # past the fence's check
         return cur
 
-    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
+    def _with_pending(self, query: Any, params: Any) -> Any:
         pending, self.pending = self.pending, []
         self.flushes += 1
         for p in pending:  # open: a BEGIN without its COMMIT
@@ -238,3 +240,11 @@ def quiet_rollback(raw: psycopg.Connection) -> None:
             raw.execute("ROLLBACK")
     except psycopg.Error:
         pass
+
+
+def first(cur: Any) -> Any:
+    """The first column of the one row a statement returns (a query that always has one)."""
+    row = cur.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    return row[0]

@@ -185,9 +185,9 @@ def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int
     rh, snapshot = _head(db, run_id)
     first, last = (rh.first_seq, rh.next_seq - 1) if rh.next_seq > rh.first_seq else (None, None)
     newest = before is None or last is None or before > last
-    if last is None:
+    if first is None or last is None:
         raw_rows = []
-    elif newest:
+    elif newest or before is None:
         raw_rows = db._ops.run_tail(run_id, size)
     else:
         since = max(first, before - size)
@@ -195,7 +195,8 @@ def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int
     rows = [_shown(text, seq) for seq, text in raw_rows]
     lo = rows[0]["seq"] if rows else None
     older = lo if lo is not None and first is not None and lo > first else None
-    newer = None if newest or before is None or before + size > last else before + size
+    newer = None if newest or before is None or last is None or before + size > last \
+        else before + size
     return RunPage(run_id, rh.summary, rows, first, last, older, newer, newest, rh.snapshot,
                    _raw_page(raw_rows, snapshot))
 
