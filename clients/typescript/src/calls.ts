@@ -33,8 +33,16 @@ export interface ClaimOptions {
   retry?: boolean;
 }
 
-/** The outcome `settle` records: the call's result (a JSON value), or its error's text. */
-export type Outcome = { result: unknown } | { error: string };
+/**
+ * What `settle` records, as Python's `settle(..., result=None, error=None, fence=None)`:
+ * `error` (the error's text) when given, else `result` (a JSON value; absent: null).
+ */
+export interface SettleOptions {
+  result?: unknown;
+  error?: string | null;
+  /** A `Turn` or turn id: recorded only while it holds its lease, else LeaseLost. */
+  fence?: Fence;
+}
 
 export interface OnceOptions<T> {
   call?: JsonObject;
@@ -82,19 +90,15 @@ export async function claim(http: Http, runId: string, callId: string, opts: Cla
   };
 }
 
-export async function settle(http: Http, runId: string, callId: string, outcome: Outcome,
-  opts: { fence?: Fence } = {}): Promise<void> {
+export async function settle(http: Http, runId: string, callId: string, opts: SettleOptions = {}): Promise<void> {
   const params = ids(runId, callId);
   const fence = fenceOf(opts.fence);
-  const o = outcome as Record<string, unknown> | null;
-  const has = (k: string) => typeof o === "object" && o !== null && Object.hasOwn(o, k);
-  if (has("result") === has("error")) throw new InvalidValue("settle takes { result } or { error }, not both");
   let body: string;
-  if (has("error")) {
-    if (typeof o!.error !== "string") throw new InvalidValue("error must be the error's text (a string)");
-    body = `{"error":${encode(o!.error)}}`;
+  if (opts.error !== undefined && opts.error !== null) {
+    if (typeof opts.error !== "string") throw new InvalidValue("error must be the error's text (a string)");
+    body = `{"error":${encode(opts.error)}}`;
   } else {
-    body = `{"result":${encode(o!.result === undefined ? null : o!.result)}}`;
+    body = `{"result":${encode(opts.result === undefined ? null : opts.result)}}`;
   }
   await http.call<WireSettled>(R.settle, params, { json: body, fence });
 }
@@ -126,7 +130,7 @@ export async function once<T>(http: Http, runId: string, callId: string, fn: () 
     }
     const found = await reconcile(callId, c.entry);
     if (found !== NOT_RUN) {
-      await settle(http, runId, callId, { result: found }, { fence });
+      await settle(http, runId, callId, { result: found, fence });
       return found as T;
     }
     c = await claim(http, runId, callId, { call, fence, lease, retry: true });
@@ -136,12 +140,12 @@ export async function once<T>(http: Http, runId: string, callId: string, fn: () 
     result = await fn();
   } catch (e) {
     try {
-      await settle(http, runId, callId, { error: errorText(e) }, { fence });
+      await settle(http, runId, callId, { error: errorText(e), fence });
     } catch {
       // fn's own error is what propagates; the call stays in doubt for whoever resumes.
     }
     throw e;
   }
-  await settle(http, runId, callId, { result }, { fence });
+  await settle(http, runId, callId, { result, fence });
   return result;
 }

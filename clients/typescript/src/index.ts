@@ -14,7 +14,7 @@ export {
   type Versioned,
 } from "./scope.js";
 export { Runs } from "./runs.js";
-export { NOT_RUN, type ClaimOptions, type NotRun, type OnceOptions, type Outcome } from "./calls.js";
+export { NOT_RUN, type ClaimOptions, type NotRun, type OnceOptions, type SettleOptions } from "./calls.js";
 export { Sessions, Turn } from "./sessions.js";
 export type { FeedFilter } from "./feed.js";
 export type { Fetch } from "./http.js";

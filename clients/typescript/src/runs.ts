@@ -135,11 +135,12 @@ export class Runs {
   }
 
   /**
-   * Record a claimed call's outcome: `{ result }` (a JSON value) or `{ error }` (its text).
+   * Record a claimed call's outcome, as a `tool_result` entry: `error` (its text) when given,
+   * else `result` (a JSON value; absent: null), as Python's `settle(result=, error=)`.
    * :throws InvalidTransition (not claimed, or settled already), RunNotFound, LeaseLost
    */
-  settle(runId: string, callId: string, outcome: calls.Outcome, opts: { fence?: Fence } = {}): Promise<void> {
-    return calls.settle(this.http, runId, callId, outcome, opts);
+  settle(runId: string, callId: string, opts: calls.SettleOptions = {}): Promise<void> {
+    return calls.settle(this.http, runId, callId, opts);
   }
 
   /**

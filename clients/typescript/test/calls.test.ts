@@ -155,7 +155,16 @@ describe("claim and settle", () => {
     await db.runs.claim(r, "null-1");
     await db.runs.settle(r, "null-1", { result: null });
     assert.deepEqual((await db.runs.claim(r, "null-1")).result, null, "a null result is a result");
-    assert.equal((await db.runs.head(r))?.nextSeq, 6);
+    // Python's rule: settle() with nothing records a null result; an error, when given, wins.
+    await db.runs.claim(r, "bare-1");
+    await db.runs.settle(r, "bare-1");
+    assert.deepEqual(await db.runs.claim(r, "bare-1"), { status: "done", result: null, error: null,
+      entry: { seq: 7, type: "tool_result", call_id: "bare-1", status: "ok", result: null } });
+    await db.runs.claim(r, "both-1");
+    await db.runs.settle(r, "both-1", { result: 1, error: "E: e" });
+    const both = await db.runs.claim(r, "both-1");
+    assert.deepEqual([both.status, both.error], ["failed", "E: e"]);
+    assert.equal((await db.runs.head(r))?.nextSeq, 10);
   });
 
   it("a claim past its lease is in doubt; retry claims it again", async () => {
@@ -179,14 +188,13 @@ describe("claim and settle", () => {
     await assert.rejects(db.runs.claim(r, "c", { call: { seq: 9 } }), InvalidValue);
     await assert.rejects(db.runs.claim(r, "c", { lease: 0 }), InvalidValue);
     await assert.rejects(db.runs.claim(r, "c", { call: [1] as unknown as JsonObject }), InvalidValue);
-    await assert.rejects(db.runs.settle(r, "c", { result: 1, error: "x" } as unknown as { result: unknown }), InvalidValue);
-    await assert.rejects(db.runs.settle(r, "c", { error: 5 } as unknown as { error: string }), InvalidValue);
+    await assert.rejects(db.runs.settle(r, "c", { error: 5 as unknown as string }), InvalidValue);
     assert.equal((await db.runs.head(r))?.nextSeq, 0);
     const live = await liveTurn();
     const c = await db.runs.claim(r, "c", { fence: live });
     assert.equal(c.entry.fence, live.id);
     await live.finish();
-    await assert.rejects(db.runs.settle(r, "c", { result: 1 }, { fence: live }), LeaseLost);
+    await assert.rejects(db.runs.settle(r, "c", { result: 1, fence: live }), LeaseLost);
     assert.equal((await db.runs.claim(r, "c")).status, "in_doubt", "a fenced claim whose turn ended is in doubt");
   });
 });

@@ -232,7 +232,7 @@ describe("fences", () => {
       () => db.state({ user: "u", fence: "t-7" }).user.put("k", 1),
       () => { const b = db.batch({ fence: turn }); b.scope("app", "x").put("k", 1); return b.commit(); },
       () => db.runs.write("r", [], null, { fence: turn }), () => db.runs.claim("r", "c", { fence: "t-7" }),
-      () => db.runs.settle("r", "c", { result: 1 }, { fence: turn })];
+      () => db.runs.settle("r", "c", { result: 1, fence: turn })];
     for (const w of writes) {
       seen.length = 0;
       await w();
