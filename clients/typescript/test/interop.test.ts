@@ -11,7 +11,9 @@ import { after, before, describe, it } from "node:test";
 
 import { spawn, type ChildProcess } from "node:child_process";
 
-import { CallInProgress, connect, type Change, type Database, type JsonValue } from "agentstate";
+import {
+  CallInProgress, connect, InDoubt, InvalidTransition, LeaseLost, NOT_RUN, type Change, type Database, type JsonValue,
+} from "agentstate";
 import { parse } from "#internal/json.js";
 import { PyWorker, pythonProcess, serve, type Served } from "./server.js";
 
@@ -176,6 +178,23 @@ describe("reads in one call, in both languages", () => {
     assert.deepEqual(got.big, { value: [9223372036854775807n, -9007199254740993n], version: 2 });
   });
 
+  it("items gives what Python's items gives, page by page", async () => {
+    const python = await py(
+      "s = db.scope('user', 'interop-items')\n" +
+      "s.put('a:1', {'x': [1, 2.5, None], 'é': 'ü'}); s.put('a:2', 2**63 - 1); s.put('a:2', -(2**53) - 1)\n" +
+      "s.append('a:3', [1, 'two']); s.put_bytes('a:4', b'{\"j\": 1.0}'); s.put('a:5', 1e-07); s.put('b', True)\n" +
+      "out = [[[k, v.value, v.version] for k, v in s.items('a:', after=after, limit=2)]\n" +
+      "       for after in (None, 'a:2', 'a:4')]") as unknown[][];
+    const s = db.scope("user", "interop-items");
+    const pages = [];
+    for (const after of [undefined, "a:2", "a:4"]) {
+      pages.push((await s.items({ prefix: "a:", after, limit: 2 })).map(([k, v]) => [k, v.value, v.version]));
+    }
+    assert.deepEqual(pages, python);
+    assert.deepEqual(pages.flat().map((i) => i[0]), ["a:1", "a:2", "a:3", "a:4", "a:5"]);
+    assert.deepEqual(pages[0]![1], ["a:2", -9007199254740993n, 2]);
+  });
+
   it("raw entries are the text Python's entries(raw=True) gives, byte for byte", async () => {
     const python = await py(
       "db.runs.write('interop-raw', [{'seq': 0, 'type': 'user', 'content': 'é \"q\" ]}', 'f': 1.0, 'n': 2**62},\n" +
@@ -312,6 +331,121 @@ describe("tool calls between TypeScript and Python", () => {
     } finally {
       for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
     }
+  });
+});
+
+describe("a stale worker in TypeScript, the worker that took over in Python", () => {
+  it("the fence rejects every write of the TypeScript turn whose lease lapsed, once Python's turn runs", async () => {
+    const session = await db.sessions.create();
+    const stale = await db.sessions.startTurn(session.id, { lease: 1 });
+    const scope = `interop-fence-${session.id}`;
+    const s = db.scope("user", scope, { fence: stale });
+    assert.equal(await s.put("owner", "ts"), 1, "written while the TypeScript turn holds its lease");
+    await db.runs.write(scope, [], { task: "fenced" }, { create: true });
+    // Python takes the session over as soon as the TypeScript turn's lease has lapsed.
+    const taken = await py(
+      "import time\n" +
+      "p = agentstate.Principal('ts-admin', admin=True)\n" +
+      "deadline = time.monotonic() + 60\n" +
+      "while True:\n" +
+      "    try:\n" +
+      "        t = db.sessions.start_turn(inp[0], p, lease=60)\n" +
+      "        break\n" +
+      "    except agentstate.SessionBusy:\n" +
+      "        assert time.monotonic() < deadline, 'the lease never lapsed'\n" +
+      "        time.sleep(0.05)\n" +
+      "db.scope('user', inp[1], fence=t).put('owner', 'py')\n" +
+      "out = t.id", [session.id, scope]) as string;
+
+    const err = await s.put("owner", "ts, late").catch((e: unknown) => e);
+    assert.ok(err instanceof LeaseLost && err.turnId === stale.id, String(err));
+    const b = db.batch({ fence: stale });
+    b.scope("user", scope).put("owner", "ts, batched").put("other", 1);
+    await assert.rejects(b.commit(), (e) => e instanceof LeaseLost && e.turnId === stale.id);
+    let ran = 0;
+    await assert.rejects(db.runs.once(scope, "pay", () => ++ran, { fence: stale }), LeaseLost);
+    await assert.rejects(stale.heartbeat(), InvalidTransition, "a lapsed turn cannot come back once another started");
+    assert.deepEqual([await s.getVersioned("owner"), await s.keys(), ran, (await db.runs.head(scope))?.nextSeq],
+      [{ value: "py", version: 2 }, ["owner"], 0, 0], "nothing of the stale turn's landed");
+
+    // Python's turn fences TypeScript's writes as well as its own.
+    assert.equal(await db.scope("user", scope, { fence: taken }).put("owner", "ts for py"), 3);
+    assert.equal(await py("out = db.scope('user', inp).get('owner')", scope), "ts for py");
+  });
+});
+
+describe("a TypeScript once() whose process is killed", () => {
+  it("is in doubt once its claim lapses, and reconciled from either language: no second effect", async () => {
+    const run = "interop-killed";
+    await db.runs.write(run, [], { task: "killed" }, { create: true });
+    const client = new URL("../../dist/index.js", import.meta.url).href;
+    // fn prints once it runs (the claim is on the server by then) and waits to be killed:
+    // "before" has not done the effect yet, "after" has (and not recorded it).
+    const tsCode = `
+      const { connect } = await import(process.env.CLIENT);
+      const [url, token, run, callId, when] = process.argv.slice(1);
+      const db = connect(url, { token });
+      const effects = db.scope("app", "interop-killed-effects");
+      setInterval(() => {}, 1000); // stay alive until killed
+      await db.runs.once(run, callId, async () => {
+        if (when === "after") await effects.append(run, [callId]);
+        console.log("in fn");
+        await new Promise(() => {});
+      }, { call: { tool: "pay", key: callId }, lease: 1 });`;
+    for (const [callId, when] of [["pay-a", "before"], ["pay-b", "after"]]) {
+      const p = spawn(process.execPath, ["--input-type=module", "-e", tsCode, srv.url, srv.token, run, callId!, when!],
+        { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, CLIENT: client } });
+      try {
+        await printed(p, "in fn", collect(p));
+      } finally {
+        p.kill("SIGKILL");
+      }
+    }
+    // Claimed, no result: in progress while the claim's lease runs, then in doubt.
+    for (const callId of ["pay-a", "pay-b"]) {
+      const deadline = Date.now() + 60_000;
+      for (;;) {
+        const c = await db.runs.claim(run, callId);
+        assert.ok(c.status === "in_progress" || c.status === "in_doubt", `${callId}: ${c.status}`);
+        if (c.status === "in_doubt") break;
+        assert.ok(Date.now() < deadline, `${callId}: never in doubt`);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    }
+    const doubt = await db.runs.once(run, "pay-a", () => "never").catch((e: unknown) => e);
+    assert.ok(doubt instanceof InDoubt && doubt.callId === "pay-a", String(doubt));
+    assert.equal(await py("try:\n    db.runs.once(inp, 'pay-b', lambda: 'never')\n" +
+      "except agentstate.InDoubt as e:\n    out = e.call_id\n", run), "pay-b");
+
+    // Reconciled by the payment provider's record (the effects list), keyed by the call id.
+    const effects = db.scope("app", "interop-killed-effects");
+    assert.deepEqual(await effects.slice(run), ["pay-b"], "only pay-b's effect happened");
+    const reconcileCode =
+      "effects = db.scope('app', 'interop-killed-effects')\n" +
+      "def reconcile(call_id, entry):\n" +
+      "    assert entry['key'] == call_id and entry['type'] == 'tool_call'\n" +
+      "    return {'paid': call_id} if call_id in (effects.get(inp[0]) or []) else agentstate.NOT_RUN\n" +
+      "def fn():\n" +
+      "    effects.append(inp[0], [inp[1]])\n" +
+      "    return {'paid': inp[1], 'by': 'fn'}\n" +
+      "out = db.runs.once(inp[0], inp[1], fn, reconcile=reconcile)\n";
+    const tsReconcile = async (callId: string) =>
+      ((await effects.get<string[]>(run, [])).includes(callId) ? { paid: callId } : NOT_RUN);
+    let tsRan = 0;
+    const tsFn = async () => { tsRan++; await effects.append(run, ["pay-b"]); return { paid: "pay-b", by: "fn" }; };
+    // pay-a did not happen: Python's reconcile says NOT_RUN and runs it; pay-b did: TypeScript's finds it.
+    assert.deepEqual(await py(reconcileCode, [run, "pay-a"]), { paid: "pay-a", by: "fn" });
+    assert.deepEqual(await db.runs.once(run, "pay-b", tsFn, { reconcile: tsReconcile }), { paid: "pay-b" });
+    assert.equal(tsRan, 0);
+    // Settled now: neither language runs or reconciles anything again.
+    assert.deepEqual(await db.runs.once(run, "pay-a", tsFn, { reconcile: tsReconcile }), { paid: "pay-a", by: "fn" });
+    assert.deepEqual(await py(reconcileCode, [run, "pay-b"]), { paid: "pay-b" });
+    assert.deepEqual([await effects.slice(run), tsRan], [["pay-b", "pay-a"], 0], "each effect once");
+    const entries = await db.runs.entries(run);
+    assert.deepEqual(entries.map((e) => [e.call_id, e.type, e.retry ?? null, e.status ?? null]), [
+      ["pay-a", "tool_call", null, null], ["pay-b", "tool_call", null, null],
+      ["pay-a", "tool_call", 1, null], ["pay-a", "tool_result", null, "ok"], ["pay-b", "tool_result", null, "ok"],
+    ]);
   });
 });
 
