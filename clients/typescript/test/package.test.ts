@@ -111,6 +111,26 @@ describe("the README", () => {
     assert.equal(await db.scope("agent", "support-bot").get("visits"), 1);
   });
 
+  it("its example of reads in one call type-checks and runs against a server", async () => {
+    const printed = await runExample("Reads in one call", "reads");
+    assert.equal(printed, "{ value: 'Asia/Tokyo', version: 2 } { value: undefined, version: 0 }\n" +
+      "tz Asia/Tokyo 2\n2 []\ntrue true\n[ '{\"seq\":0,\"type\":\"note\",\"text\":\"kept\"}' ]\n");
+  });
+
+  it("its example of following the feed type-checks and runs against a server", async () => {
+    assert.equal(await runExample("Following the feed", "feed"), "1 append history 0 1\n");
+  });
+
+  it("every ts block of it is one that these tests run", () => {
+    const readme = readFileSync(join(PKG, "README.md"), "utf8");
+    const run = ["Example", "Reads in one call", "Following the feed", "Fenced writes and calls that run once"];
+    const blocks = [...readme.matchAll(/^ *```ts$/gm)].map((m) => {
+      const headings = [...readme.slice(0, m.index).matchAll(/^## (.*)$/gm)];
+      return headings[headings.length - 1]?.[1];
+    });
+    assert.deepEqual(blocks.sort(), [...run].sort(), "one ts block under each heading the tests run, no other");
+  });
+
   it("its example of fenced writes and once type-checks and runs against a server", async () => {
     const printed = await runExample("Fenced writes and calls that run once", "once");
     assert.equal(printed, "{ refunded: 2500 } { refunded: 2500 } 1\n" +
