@@ -64,6 +64,14 @@ export function checkSeconds(name: string, v: unknown): number {
   return v;
 }
 
+/** An age in seconds, 0 or more (prune's `olderThan`, `idleFor`); else InvalidValue. */
+export function checkAge(name: string, v: unknown): number {
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v >= 1e11) {
+    throw new InvalidValue(`${name} must be a number of seconds >= 0, got ${show(v)}`);
+  }
+  return v;
+}
+
 export function show(x: unknown): string {
   let s: string;
   try {

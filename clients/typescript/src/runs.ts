@@ -5,13 +5,13 @@
 import * as calls from "./calls.js";
 import { InvalidValue, StorageError } from "./errors.js";
 import type { Http } from "./http.js";
-import { checkInt, checkKey, encode, fenceOf, rawItems, type Fence } from "./json.js";
+import { checkAge, checkInt, checkKey, encode, fenceOf, rawItems, type Fence } from "./json.js";
 import {
   toRun, toRunHead, toSavedState, type Claim, type JsonObject, type Run, type RunHead, type RunRecord,
   type SavedState,
 } from "./types.js";
 import {
-  ROUTES, type WireDeleted, type WireEntries, type WireId, type WirePinned, type WireRecord, type WireRemoved,
+  ROUTES, type WireDeleted, type WireEntries, type WireId, type WirePinned, type WirePrunedRuns, type WireRecord, type WireRemoved,
   type WireRun, type WireRunHead, type WireRuns, type WireWritten,
 } from "./wire.js";
 
@@ -98,6 +98,19 @@ export class Runs {
     if (limit === 0) return [];
     const q = { after: opts.after ? checkKey(opts.after, "after") : undefined, limit };
     return (await this.http.call<WireRuns>(R.list, {}, { query: q })).runs.map(toSavedState);
+  }
+
+  /**
+   * Admins only: delete the runs not written for `olderThan` seconds (only those whose
+   * snapshot says `finished`, unless `finishedOnly: false`; never a pinned one); their ids.
+   * :throws Forbidden (not an admin), InvalidValue
+   */
+  async prune(opts: { olderThan: number; finishedOnly?: boolean }): Promise<string[]> {
+    const olderThan = checkAge("olderThan", opts?.olderThan);
+    const finishedOnly = opts.finishedOnly ?? true;
+    if (typeof finishedOnly !== "boolean") throw new InvalidValue("finishedOnly must be true or false");
+    const body = `{"older_than":${olderThan},"finished_only":${finishedOnly}}`;
+    return (await this.http.call<WirePrunedRuns>(R.prune, {}, { json: body })).runs;
   }
 
   /** Remove the run; true if it existed. */

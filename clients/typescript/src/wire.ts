@@ -42,6 +42,8 @@ export interface WireRunHead {
   created_at: string; updated_at: string; pinned: boolean;
 }
 export interface WirePinned { pinned: boolean }
+export interface WirePrunedRuns { runs: string[] }
+export interface WirePrunedSessions { sessions: string[] }
 export interface WireClaim {
   status: "claimed" | "done" | "failed" | "in_progress" | "in_doubt";
   /** Only when done. */
@@ -140,6 +142,8 @@ export const ANSWERS = {
     created_at: "string", updated_at: "string", pinned: "boolean",
   }),
   Pinned: shape<WirePinned>()({ pinned: "boolean" }),
+  PrunedRuns: shape<WirePrunedRuns>()({ runs: ["string"] }),
+  PrunedSessions: shape<WirePrunedSessions>()({ sessions: ["string"] }),
   Claim: shape<WireClaim>()({ status: "string", result: "any?", error: "string?", entry: "object" }),
   Settled: shape<WireSettled>()({ entry: "object" }),
   Written: shape<WireWritten>()({ written: "boolean" }),
@@ -209,6 +213,7 @@ export const ROUTES = {
   batch: r("POST", "/v1/batch", ANSWERS.BatchResults, { fence: true, body: ["ops"] }),
   runs: {
     list: r("GET", "/v1/runs", ANSWERS.Runs, { query: ["after", "limit"] }),
+    prune: r("POST", "/v1/runs/prune", ANSWERS.PrunedRuns, { body: ["older_than", "finished_only"] }),
     read: r("GET", "/v1/runs/{run_id}", ANSWERS.Run, { run: true }),
     head: r("GET", "/v1/runs/{run_id}/head", ANSWERS.RunHead, { run: true }),
     delete: r("DELETE", "/v1/runs/{run_id}", ANSWERS.Deleted, { run: true }),
@@ -227,6 +232,7 @@ export const ROUTES = {
   sessions: {
     create: r("POST", "/v1/sessions", ANSWERS.Session, { body: ["metadata"] }),
     list: r("GET", "/v1/sessions", ANSWERS.Sessions, { query: ["after", "limit"] }),
+    prune: r("POST", "/v1/sessions/prune", ANSWERS.PrunedSessions, { body: ["idle_for"] }),
     get: r("GET", "/v1/sessions/{session_id}", ANSWERS.Session),
     delete: r("DELETE", "/v1/sessions/{session_id}", ANSWERS.Deleted),
     turns: r("GET", "/v1/sessions/{session_id}/turns", ANSWERS.Turns, { query: ["after", "limit"] }),
@@ -245,8 +251,6 @@ export const ROUTES = {
 
 /** Routes of the server this client leaves alone on purpose, and why. */
 export const NOT_CALLED: Readonly<Record<string, string>> = {
-  "POST /v1/runs/prune": "administration (agentstate prune, db.runs.prune in Python): not in SPEC §13",
-  "POST /v1/sessions/prune": "administration (agentstate prune): not in SPEC §13",
   "GET /v1/settings": "settings are administered with `agentstate settings`: not in SPEC §13",
   "PUT /v1/settings/{name}": "settings are administered with `agentstate settings`: not in SPEC §13",
   "GET /v1/admin/check": "administration (agentstate check): not in SPEC §13",

@@ -1,13 +1,14 @@
 /**
  * SPEC §12's reads in one call against a real `agentstate serve`: `getMany`, `items` and
  * `clear` on a scope and on a session's own state; `runs.pin` and `pinned`;
- * `runs.entries(id, { raw: true })`, the stored text of each entry.
+ * `runs.entries(id, { raw: true })`, the stored text of each entry; `runs.prune` (which
+ * skips a pinned run) and `sessions.prune`, for admins.
  */
 
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
-import { InvalidKey, InvalidValue, RunNotFound, connect, type Database, type JsonObject } from "agentstate";
+import { Forbidden, InvalidKey, InvalidValue, RunNotFound, connect, type Database, type JsonObject } from "agentstate";
 import { serve, type Served } from "./server.js";
 
 let srv: Served;
@@ -157,5 +158,36 @@ describe("runs: pin, pinned, raw entries", () => {
     assert.deepEqual(await db.runs.entries(id, { since: 1, limit: 1, raw: true }), [raw[1]]);
     assert.deepEqual(await db.runs.entries(id, { since: 3, raw: true }), []);
     assert.deepEqual(await db.runs.entries(fresh("none"), { raw: true }), [], "[] for an unknown run, as without raw");
+  });
+});
+
+describe("prune (admins)", () => {
+  it("runs.prune deletes the old finished runs and never a pinned one; sessions.prune the idle sessions", async () => {
+    const [done, pinned, open] = [fresh("run"), fresh("run"), fresh("run")];
+    for (const id of [done, pinned, open]) {
+      await db.runs.write(id, [], { task: "t", finished: id !== open }, { create: true });
+    }
+    await db.runs.pin(pinned);
+    const pruned = await db.runs.prune({ olderThan: 0 });
+    assert.ok(pruned.includes(done) && !pruned.includes(pinned) && !pruned.includes(open), pruned.join(" "));
+    assert.deepEqual([await db.runs.head(done), (await db.runs.head(pinned))?.pinned], [null, true]);
+    assert.ok((await db.runs.prune({ olderThan: 0, finishedOnly: false })).includes(open));
+    assert.equal((await db.runs.head(pinned))?.pinned, true, "pinned: kept whatever finishedOnly says");
+    assert.deepEqual(await db.runs.prune({ olderThan: 3600 }), []);
+
+    const idle = await db.sessions.create();
+    const busy = await db.sessions.create();
+    await db.sessions.startTurn(busy.id);
+    const gone = await db.sessions.prune({ idleFor: 0 });
+    assert.ok(gone.includes(idle.id) && !gone.includes(busy.id), gone.join(" "));
+    assert.equal((await db.sessions.list()).some((s) => s.id === idle.id), false);
+
+    const user = connect(srv.url, { token: srv.userToken });
+    await assert.rejects(user.runs.prune({ olderThan: 0 }), Forbidden);
+    await assert.rejects(user.sessions.prune({ idleFor: 0 }), Forbidden);
+    await assert.rejects(db.runs.prune({ olderThan: -1 }), InvalidValue);
+    await assert.rejects(db.runs.prune({ olderThan: 0, finishedOnly: "no" as unknown as boolean }), InvalidValue);
+    await assert.rejects(db.sessions.prune({ idleFor: Number.NaN }), InvalidValue);
+    assert.equal((await db.runs.head(pinned))?.pinned, true);
   });
 });
