@@ -8,7 +8,7 @@
  * ```
  */
 
-export { connect, Database, type ConnectOptions, type StateIds } from "./client.js";
+export { connect, Database, type ConnectOptions, type Settings, type StateIds } from "./client.js";
 export {
   Batch, BatchScope, Scope, State, type Appended, type BatchResult, type FenceOption, type KeyPage, type PutOptions,
   type Versioned,

@@ -72,6 +72,9 @@ export interface WireChange {
 }
 export interface WireChanges { changes: WireChange[]; last: number }
 export interface WireHead { head: number }
+/** Every setting, with its default where none was set. */
+export interface WireSettings { feed_retention?: number }
+export interface WireProblems { problems: string[] }
 
 // -- their runtime descriptions, held equal to the types by the compiler ---------------
 
@@ -143,6 +146,8 @@ export const ANSWERS = {
   }),
   Pinned: shape<WirePinned>()({ pinned: "boolean" }),
   PrunedRuns: shape<WirePrunedRuns>()({ runs: ["string"] }),
+  Settings: shape<WireSettings>()({ feed_retention: "integer?" }),
+  Problems: shape<WireProblems>()({ problems: ["string"] }),
   PrunedSessions: shape<WirePrunedSessions>()({ sessions: ["string"] }),
   Claim: shape<WireClaim>()({ status: "string", result: "any?", error: "string?", entry: "object" }),
   Settled: shape<WireSettled>()({ entry: "object" }),
@@ -242,6 +247,12 @@ export const ROUTES = {
     getTurn: r("GET", "/v1/turns/{turn_id}", ANSWERS.Turn),
     act: r("POST", "/v1/turns/{turn_id}/{action}", ANSWERS.Turn, { body: ["lease", "request", "decision", "result", "error"] }),
   },
+  admin: {
+    settings: r("GET", "/v1/settings", ANSWERS.Settings),
+    setSetting: r("PUT", "/v1/settings/{name}", ANSWERS.Settings, { body: ["value"] }),
+    check: r("GET", "/v1/admin/check", ANSWERS.Problems),
+    info: r("GET", "/v1/admin/info", "object"),
+  },
   feed: {
     changes: r("GET", "/v1/changes", ANSWERS.Changes, { query: ["since", "wait", "topic", "kind", "scope_id", "key", "limit"] }),
     head: r("GET", "/v1/changes/head", ANSWERS.Head),
@@ -251,10 +262,6 @@ export const ROUTES = {
 
 /** Routes of the server this client leaves alone on purpose, and why. */
 export const NOT_CALLED: Readonly<Record<string, string>> = {
-  "GET /v1/settings": "settings are administered with `agentstate settings`: not in SPEC §13",
-  "PUT /v1/settings/{name}": "settings are administered with `agentstate settings`: not in SPEC §13",
-  "GET /v1/admin/check": "administration (agentstate check): not in SPEC §13",
-  "GET /v1/admin/info": "administration (agentstate info): not in SPEC §13",
   "GET /v1/health": "for load balancers and probes: not in SPEC §13",
   "GET /v1/whoami": "the Python client's way to learn its token's principal; here connect() is told it (principal)",
   "GET /openapi.json": "the document itself (the tests read it)",

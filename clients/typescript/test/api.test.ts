@@ -487,6 +487,30 @@ describe("auth", () => {
   });
 });
 
+describe("settings, check and info", () => {
+  it("settings with their defaults; setSetting for every process; check and info for admins", async () => {
+    const before = await db.settings();
+    assert.equal(typeof before.feed_retention, "number");
+    await db.setSetting("feed_retention", 86400);
+    assert.deepEqual(await db.settings(), { ...before, feed_retention: 86400 });
+    assert.equal(await connect(srv.url, { token: srv.userToken }).settings().then((s) => s.feed_retention), 86400);
+    await assert.rejects(db.setSetting("no_such_setting", 1), InvalidValue);
+    await assert.rejects(db.setSetting("feed_retention", 1.5), InvalidValue);
+    await assert.rejects(db.setSetting("feed_retention", -1), InvalidValue);
+    await db.setSetting("feed_retention", before.feed_retention!);
+    assert.deepEqual(await db.settings(), before);
+
+    assert.deepEqual(await db.check(), []);
+    const info = await db.info();
+    assert.equal(typeof info, "object");
+    assert.ok(Object.keys(info).length > 0, JSON.stringify(info));
+    const user = connect(srv.url, { token: srv.userToken });
+    await assert.rejects(user.setSetting("feed_retention", 1), Forbidden);
+    await assert.rejects(user.check(), Forbidden);
+    await assert.rejects(user.info(), Forbidden);
+  });
+});
+
 describe("the types against the server's /openapi.json", () => {
   async function doc(): Promise<Doc> {
     return (await (await fetch(`${srv.url}/openapi.json`)).json()) as Doc;
