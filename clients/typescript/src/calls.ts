@@ -139,10 +139,15 @@ export async function once<T>(http: Http, runId: string, callId: string, fn: () 
   try {
     result = await fn();
   } catch (e) {
-    try {
-      await settle(http, runId, callId, { error: errorText(e), fence });
-    } catch {
-      // fn's own error is what propagates; the call stays in doubt for whoever resumes.
+    // A cancel (an AbortError: the caller's signal, not the tool's failure) records
+    // nothing, as an interrupt in Python: the tool may have had its effect, so the call
+    // stays in doubt for whoever resumes.
+    if (!(typeof e === "object" && e !== null && (e as { name?: unknown }).name === "AbortError")) {
+      try {
+        await settle(http, runId, callId, { error: errorText(e), fence });
+      } catch {
+        // fn's own error is what propagates; the call stays in doubt for whoever resumes.
+      }
     }
     throw e;
   }

@@ -162,7 +162,8 @@ export class Runs {
    * A recorded result is returned without calling anything; a recorded error throws
    * CallFailed. A claim whose worker may still run is CallInProgress; one no longer live is
    * in doubt: `reconcile(callId, entry)` returns the call's result or NOT_RUN (fn runs);
-   * without it, InDoubt. If fn throws, `"<Name>: <message>"` is recorded and the error rethrown.
+   * without it, InDoubt. If fn throws, `"<Name>: <message>"` is recorded and the error rethrown;
+   * an AbortError (a cancel) records nothing and leaves the call in doubt.
    * :throws InDoubt, CallInProgress, CallFailed, LeaseLost, RunNotFound
    */
   once<T>(runId: string, callId: string, fn: () => T | Promise<T>, opts: calls.OnceOptions<T> = {}): Promise<T> {

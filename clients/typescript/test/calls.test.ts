@@ -213,6 +213,20 @@ describe("once", () => {
       [["tool_call", "a"], ["tool_result", "a"], ["tool_call", "b"], ["tool_result", "b"]]);
   });
 
+  it("a cancel (an AbortError from fn) records nothing: the call stays claimed, in doubt later", async () => {
+    const r = await run();
+    const ac = new AbortController();
+    ac.abort();
+    const cancelled = await db.runs.once(r, "cut", async () => {
+      ac.signal.throwIfAborted(); // a tool cancelled midway: it may have had its effect
+      return "never";
+    }, { lease: 0.05 }).catch((e: unknown) => e);
+    assert.ok(cancelled instanceof Error && cancelled.name === "AbortError", String(cancelled));
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const c = await db.runs.claim(r, "cut");
+    assert.deepEqual([c.status, c.entry.type], ["in_doubt", "tool_call"], "in doubt, as an interrupt leaves it in Python");
+  });
+
   it("an error from fn is recorded as '<Name>: <message>' and rethrown; later, CallFailed", async () => {
     const r = await run();
     class PaymentDeclined extends Error { override name = "PaymentDeclined"; }
