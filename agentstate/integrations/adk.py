@@ -295,9 +295,10 @@ class AgentStateSessionService(BaseSessionService):
         parts = _split(state)
         app, user = self._app(app_name), self._user(app_name, user_id)
         now = time.time()
-        head = {
+        run_id = "adk-" + uuid.uuid4().hex  # a new run per session, never reused
+        head: dict[str, Any] = {
             "app_name": app_name, "user_id": user_id, "id": session_id,
-            "run": "adk-" + uuid.uuid4().hex,  # a new run per session, never reused
+            "run": run_id,
             "state": parts["session"],
             "create_time": now, "update_time": now,
             "events": 0, "last_event_id": None,
@@ -315,11 +316,11 @@ class AgentStateSessionService(BaseSessionService):
                 app.put(_user_key(user_id), user_id)
             user.put(_session_key(session_id), session_id)
             app_state, user_state = _merge(app, parts["app"]), _merge(user, parts["user"])
-            self._db.runs.write(head["run"], [], {
+            self._db.runs.write(run_id, [], {
                 "task": f"ADK session {app_name}/{user_id}/{session_id}",
                 "adk": {"app_name": app_name, "user_id": user_id, "session_id": session_id},
             }, create=True)
-            self._db.runs.pin(head["run"])
+            self._db.runs.pin(run_id)
         return _to_session(head, version, app_state, user_state, [])
 
     def _head(self, app_name: str, user_id: str,
