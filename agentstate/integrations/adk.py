@@ -162,8 +162,8 @@ _ENTRIES = TypeAdapter(list[_Entry])
 def _parse(raw: list[str]) -> list[_Entry]:
     """Entries as their stored JSON texts (``runs.entries(raw=True)``), parsed in one
     call: no json.loads of each entry, no call into pydantic per event. Parsing the
-    events (ADK's validators) is most of a long session's read time; this is about
-    20% less than one ``Event.model_validate_json`` per event."""
+    events (ADK's validators) is most of a long session's read time, and costs the
+    same either way (benchmarks/ADAPTER-ADK.md, the pieces)."""
     return _ENTRIES.validate_json("[" + ",".join(raw) + "]") if raw else []
 
 
