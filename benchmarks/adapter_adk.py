@@ -290,7 +290,9 @@ def machine(pg: Postgres) -> list[str]:
     except OSError:
         load = "?"
     return [
-        f"- {platform.platform()}, {os.cpu_count()} cores, load average at the start {load}",
+        f"- {platform.platform()}, {os.cpu_count()} cores, load average at the start {load}"
+        " (the machine is shared with other work: the ratios, of systems measured side by"
+        " side, are the robust figures)",
         f"- Python {platform.python_version()}; SQLite {agentstate.__name__} (apsw) "
         f"{__import__('apsw').sqlite_lib_version()}, sqlite3 module {sqlite3.sqlite_version}; "
         f"PostgreSQL {pg.version()} (fsync on, synchronous_commit on)",
