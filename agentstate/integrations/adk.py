@@ -14,7 +14,8 @@ Where ADK's things are kept (all plain rows, readable with ``sqlite3``):
   holds its own state, its times, how many events it has and which run holds
   them. Its events are the entries of that run (``adk-<uuid>``), one entry per
   event (``{"seq", "ts", "id", "event": <the event's JSON text>}``), so
-  appending an event costs the same at 10 and at 10,000 events.
+  appending an event costs the same at 10 and at 10,000 events. The run is
+  pinned (``runs.pin``): ``runs.prune`` leaves it; ``delete_session`` removes it.
 - ``app:`` state: the key ``state`` of ``app:adk:APP``; ``user:`` state: the
   key ``state`` of ``user:adk:APP:USER``; ``temp:`` state is never stored.
 - for ``list_sessions``: a key ``u:USER`` per user in the app scope and
@@ -31,7 +32,9 @@ event and its state delta are stored together, ``app:`` and ``user:`` deltas
 from many sessions and processes are all kept, and ``append_event`` refuses a
 session object that is no longer the stored one (``StaleSessionError``), as
 ADK's own services do: the revision is the version of ``head``, carried in the
-session's ``_storage_update_marker``.
+session's ``_storage_update_marker``. A read (``get_session``) runs in one
+``db.snapshot()``: the head, its events and the app's and user's state are
+of one moment, and its events are parsed in one pydantic call.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "agentstate.integrations.adk needs Google ADK: pip install 'agentstate[adk]'") from e
 
+from pydantic import BaseModel, ConfigDict, Json, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 import agentstate
@@ -143,9 +147,24 @@ def _to_session(head: dict[str, Any], version: int, app_state: dict[str, Any],
     return s
 
 
-def _events(entries: list[dict[str, Any]]) -> list[Event]:
-    # Parsing the events (ADK's validators) is most of a long session's read time.
-    return [Event.model_validate_json(e["event"]) for e in entries]
+class _Entry(BaseModel):
+    """One stored entry of a session's run, parsed by pydantic alone: its time and its
+    event (kept as the event's JSON text, which pydantic parses in the same pass)."""
+
+    model_config = ConfigDict(extra="ignore")
+    ts: float
+    event: Json[Event]
+
+
+_ENTRIES = TypeAdapter(list[_Entry])
+
+
+def _parse(raw: list[str]) -> list[_Entry]:
+    """Entries as their stored JSON texts (``runs.entries(raw=True)``), parsed in one
+    call: no json.loads of each entry, no call into pydantic per event. Parsing the
+    events (ADK's validators) is most of a long session's read time, and costs the
+    same either way (benchmarks/ADAPTER-ADK.md, the pieces)."""
+    return _ENTRIES.validate_json("[" + ",".join(raw) + "]") if raw else []
 
 
 def _stale(ref: _Ref, head: dict[str, Any], version: int) -> bool:
@@ -276,14 +295,16 @@ class AgentStateSessionService(BaseSessionService):
         parts = _split(state)
         app, user = self._app(app_name), self._user(app_name, user_id)
         now = time.time()
-        head = {
+        run_id = "adk-" + uuid.uuid4().hex  # a new run per session, never reused
+        head: dict[str, Any] = {
             "app_name": app_name, "user_id": user_id, "id": session_id,
-            "run": "adk-" + uuid.uuid4().hex,  # a new run per session, never reused
+            "run": run_id,
             "state": parts["session"],
             "create_time": now, "update_time": now,
             "events": 0, "last_event_id": None,
             "prev": 0,  # the head's version before the last append
             "max_ts": None, "in_time_order": True,  # no event went back in time
+            "pinned": True,  # its run is kept out of runs.prune(): only delete_session ends it
         }
         with self._db.transaction():
             try:
@@ -295,10 +316,11 @@ class AgentStateSessionService(BaseSessionService):
                 app.put(_user_key(user_id), user_id)
             user.put(_session_key(session_id), session_id)
             app_state, user_state = _merge(app, parts["app"]), _merge(user, parts["user"])
-            self._db.runs.write(head["run"], [], {
+            self._db.runs.write(run_id, [], {
                 "task": f"ADK session {app_name}/{user_id}/{session_id}",
                 "adk": {"app_name": app_name, "user_id": user_id, "session_id": session_id},
             }, create=True)
+            self._db.runs.pin(run_id)
         return _to_session(head, version, app_state, user_state, [])
 
     def _head(self, app_name: str, user_id: str,
@@ -313,51 +335,45 @@ class AgentStateSessionService(BaseSessionService):
     def _get(self, app_name: str, user_id: str, session_id: str,
              config: GetSessionConfig | None) -> Session | None:
         session_id = session_id.strip() if session_id else session_id
-        head, version = self._head(app_name, user_id, session_id)
-        if head is None:
-            return None
-        entries = self._entries(head, config)
-        if entries is None:
-            return None  # deleted while we read it
-        return _to_session(head, version, self._app(app_name).get("state", {}),
-                           self._user(app_name, user_id).get("state", {}), _events(entries))
+        with self._db.snapshot():  # the head, its events and the app's and user's state agree
+            head, version = self._head(app_name, user_id, session_id)
+            if head is None:
+                return None
+            entries = self._entries(head, config)
+            app_state = self._app(app_name).get("state", {})
+            user_state = self._user(app_name, user_id).get("state", {})
+        return _to_session(head, version, app_state, user_state, [e.event for e in entries])
 
-    def _entries(self, head: dict[str, Any],
-                 config: GetSessionConfig | None) -> list[dict[str, Any]] | None:
-        """The stored entries ``config`` asks for, or None if the run is gone.
-
-        Reads only up to the head's event count, so the events match the head
-        (and its revision) even while others append.
-        """
+    def _entries(self, head: dict[str, Any], config: GetSessionConfig | None) -> list[_Entry]:
+        """The stored entries ``config`` asks for (inside the read's snapshot, so they
+        are the head's: its count bounds what is read)."""
         recent = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
-        n, run, runs = head["events"], head["run"], self._db.runs
+        n, run = head["events"], head["run"]
+
+        def read(since: int, count: int) -> list[_Entry]:
+            return _parse(self._db.runs.entries(run, since, count, raw=True))
+
         if n == 0 or recent == 0:
             return []
         if not head["in_time_order"]:  # rare: read all and order them as ADK does
-            entries = runs.entries(run, 0, n)
-            if len(entries) != n:
-                return None
-            entries.sort(key=lambda e: e["ts"])  # stable: ties stay in append order
+            entries = sorted(read(0, n), key=lambda e: e.ts)  # stable: ties in append order
             if after is not None:
-                entries = [e for e in entries if e["ts"] >= after]
+                entries = [e for e in entries if e.ts >= after]
             return entries if recent is None else entries[-recent:]
         low = 0 if recent is None else max(0, n - recent)
         if after is None:
-            entries = runs.entries(run, low, n - low)
-            return entries if len(entries) == n - low else None
+            return read(low, n - low)
         # Walk back from the end in growing chunks until an event is too old.
         chunks, high, size = [], n, 32
         while high > low:
             start = max(low, high - size)
-            chunk = runs.entries(run, start, high - start)
-            if len(chunk) != high - start:
-                return None
+            chunk = read(start, high - start)
             chunks.append(chunk)
-            if chunk[0]["ts"] < after:
+            if not chunk or chunk[0].ts < after:
                 break
             high, size = start, size * 2
-        return [e for chunk in reversed(chunks) for e in chunk if e["ts"] >= after]
+        return [e for chunk in reversed(chunks) for e in chunk if e.ts >= after]
 
     def _list(self, app_name: str, user_id: str | None) -> ListSessionsResponse:
         app = self._app(app_name)
@@ -416,6 +432,9 @@ class AgentStateSessionService(BaseSessionService):
                                                          or ts >= head["max_ts"]),
                 max_ts=ts if head["max_ts"] is None else max(ts, head["max_ts"]),
             )
+            if not head.get("pinned"):  # a session made before runs were pinned
+                self._db.runs.pin(head["run"])
+                head["pinned"] = True
             version = self._session(ref.app_name, ref.user_id, ref.id).put(
                 "head", head, if_version=version)
             self._db.runs.write(head["run"], [{"seq": n, "ts": ts, "id": event.id, "event": text}],
@@ -423,8 +442,8 @@ class AgentStateSessionService(BaseSessionService):
         return "stored", version, ts
 
     def _last_event(self, head: dict[str, Any]) -> Event | None:
-        last = self._db.runs.entries(head["run"], head["events"] - 1, 1)
-        return Event.model_validate_json(last[0]["event"]) if last else None
+        last = _parse(self._db.runs.entries(head["run"], head["events"] - 1, 1, raw=True))
+        return last[0].event if last else None
 
 
 def _user_key(user_id: str) -> str:

@@ -291,9 +291,9 @@ async def test_appending_never_reads_the_history(service, db, monkeypatch):
     asked = []
     real = db.runs.entries
 
-    def counting(run_id, since=0, limit=None):
+    def counting(run_id, since=0, limit=None, **kwargs):
         asked.append(limit)
-        return real(run_id, since, limit)
+        return real(run_id, since, limit, **kwargs)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the history was read")
@@ -309,6 +309,26 @@ async def test_appending_never_reads_the_history(service, db, monkeypatch):
     asked.clear()
     got = await reload(service, s, after_timestamp=got.events[0].timestamp)
     assert len(got.events) == 3 and sum(asked) < 55  # read back from the end only
+
+
+@pytest.mark.asyncio
+async def test_runs_prune_leaves_the_sessions_events(service, db):
+    """A session's run is pinned: runs.prune(finished_only=False) removes other runs but
+    not its events; a session made before runs were pinned is pinned by its next append."""
+    s = await service.create_session(app_name=APP, user_id=USER, session_id="kept")
+    await service.append_event(s, event({"a": 1}))
+    old = await service.create_session(app_name=APP, user_id=USER, session_id="old")
+    head_scope = db.scope("session", f"adk:{APP}:{USER}:old")
+    head = head_scope.get("head")
+    db.runs.pin(head["run"], False)  # as a session made by an older agentstate
+    head_scope.put("head", {k: v for k, v in head.items() if k != "pinned"})
+    old = await service.get_session(app_name=APP, user_id=USER, session_id="old")
+    await service.append_event(old, event({"b": 2}))
+    db.runs.write("other", [{"seq": 0}], {"finished": True}, create=True)
+    assert db.runs.prune(older_than=0, finished_only=False) == ["other"]
+    for sid, n in (("kept", 1), ("old", 1)):
+        got = await service.get_session(app_name=APP, user_id=USER, session_id=sid)
+        assert len(got.events) == n
 
 
 # -- ids and the layout --------------------------------------------------------------------

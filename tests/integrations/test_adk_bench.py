@@ -1,9 +1,9 @@
 """Smoke run of the ADK benchmark (``python -m benchmarks.adapter_adk --quick``).
 
-Checks that it writes its table with a figure for every operation and history
-length, for agentstate and for ADK's SqliteSessionService with their ratio, and
-that DatabaseSessionService has figures or is reported as not installed. No
-speed is asserted.
+Checks that it writes its tables: a figure for every operation and history length
+for agentstate and each of ADK's services with their ratio, on SQLite and on
+PostgreSQL (the benchmark starts its own server), the pieces' lines and the Runner
+turns. DatabaseSessionService may be reported as not installed. No speed is asserted.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MS = r"[0-9.]+ \([0-9.]+-[0-9.]+\)"
+RATIO = r"\*\*[0-9.]+×\*\*"
 
 
-def test_quick_run_writes_the_table(tmp_path: Path) -> None:
+def test_quick_run_writes_the_tables(tmp_path: Path) -> None:
+    """--quick --out DIR writes every row, on both backends, with the machine."""
     p = subprocess.run([sys.executable, "-m", "benchmarks.adapter_adk", "--quick",
                         "--out", str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -25,10 +27,21 @@ def test_quick_run_writes_the_table(tmp_path: Path) -> None:
     md = (tmp_path / "ADAPTER-ADK.md").read_text(encoding="utf-8")
     assert "## Machine" in md and "cores" in md and "google-adk 2.13" in md
     for op in ("append_event", "get_session", "get_session, last 50"):
-        for events in ("10", "100"):
+        for events in ("10", "50"):
             row = re.search(rf"^\| {re.escape(op)} \| {events} \| (.*)\|$", md, re.M)
             assert row, (op, events, md)
             cells = [c.strip() for c in row.group(1).split("|")]
-            assert re.fullmatch(MS, cells[0]) and re.fullmatch(MS, cells[1]), cells
-            assert re.fullmatch(r"\*\*[0-9.]+×\*\*", cells[2]), cells
-            assert re.fullmatch(MS, cells[3]) or cells[3].startswith("not installed"), cells
+            # SQLite: ours, SqliteSessionService + ratio, DatabaseSessionService + ratio;
+            # PostgreSQL: ours, DatabaseSessionService + ratio
+            assert len(cells) == 8, cells
+            for i in (0, 1, 5):
+                assert re.fullmatch(MS, cells[i]), cells
+            assert re.fullmatch(RATIO, cells[2]), cells
+            for i in (3, 6):
+                assert (re.fullmatch(MS, cells[i]) and re.fullmatch(RATIO, cells[i + 1])
+                        or cells[i].startswith("not installed")), cells
+    assert len(re.findall(rf"^\| (?:as shipped|the same reads|0\.2's).* \| {MS} \| {MS} \|$",
+                          md, re.M)) == 3
+    assert re.search(rf"^\| SQLite \| [0-9.]+ ms \| [0-9.]+ ms \(SqliteSessionService\) \| "
+                     rf"{RATIO} \|$", md, re.M)
+    assert re.search(r"^\| PostgreSQL \| [0-9.]+ ms \| ", md, re.M)

@@ -76,7 +76,8 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_history_in_order_with_limits_pop_and_clear(db_path: str) -> None:
     """get_items gives the newest `limit` oldest first (0: none, negative or None: all);
-    pop_item takes the newest; clear_session leaves no key behind."""
+    pop_item takes the newest; clear_session leaves only the layout's meta and an empty
+    tail behind."""
 
     async def main() -> None:
         s = AgentStateSession("s-1", db_path=db_path)
@@ -93,7 +94,8 @@ def test_history_in_order_with_limits_pop_and_clear(db_path: str) -> None:
         assert await s.get_items(2) == items[4:6]
         await s.clear_session()
         assert await s.get_items() == [] and await s.pop_item() is None
-        assert s.db.scope("session", scope_id("s-1")).list() == []
+        scope = s.db.scope("session", scope_id("s-1"))
+        assert scope.list() == ["c.tail", "meta"] and scope.slice("c.tail") == [["h", -1]]
         s.close()
 
     asyncio.run(main())
@@ -136,7 +138,7 @@ def test_odd_items_come_back_as_json_dumps_would_give_them(db_path: str) -> None
             assert _roundtrip(await s.pop_item()) == _roundtrip(expected)
         assert await s.pop_item() is None
         keys = s.db.scope("session", scope_id("odd")).list()
-        assert keys == ["c.00000000", "meta"]  # the bytes parts went with their items
+        assert keys == ["c.tail", "meta"]  # the bytes parts went with their items
         s.close()
 
     asyncio.run(main())
@@ -157,26 +159,92 @@ def test_a_part_removed_by_hand_is_reported_as_damaged(db_path: str) -> None:
         keys = scope.list()
         with pytest.raises(agentstate.Damaged):
             await s.pop_item()
-        assert scope.list() == keys and scope.length("c.00000000") == 2
+        assert scope.list() == keys and scope.slice("c.tail")[:2] == [["h", -1], {"n": 0}]
+        assert scope.length("c.tail") == 3
         s.close()
 
     asyncio.run(main())
 
 
 def test_a_newer_layout_is_refused_not_misread(db_path: str) -> None:
-    """A session whose meta says a layout newer than this agentstate's raises
-    SchemaTooNew from every call and is left as it is."""
+    """A session in a layout newer than this agentstate's (meta's format, and c.tail no
+    longer a list, as the layout rule asks of later layouts) raises SchemaTooNew from
+    every call, of a session object that used it before or of a new one, and is left
+    as it is."""
 
     async def main() -> None:
         s = AgentStateSession("new", db_path=db_path)
         await s.add_items([{"n": 0}])
         scope = s.db.scope("session", scope_id("new"))
         scope.put("meta", {**scope.get("meta"), "format": oa.FORMAT + 1})
-        for call in (s.get_items(), s.add_items([{"n": 1}]), s.pop_item()):
+        scope.put("c.tail", {"layout": oa.FORMAT + 1})
+        keys = {k: v for k, v in scope.items()}
+        for session in (s, AgentStateSession("new", s.db)):
+            for call in (session.get_items(), session.get_items(5), session.add_items([{"n": 1}]),
+                         session.pop_item(), session.clear_session()):
+                with pytest.raises(agentstate.SchemaTooNew):
+                    await call
+        assert {k: v for k, v in scope.items()} == keys
+        s.close()
+
+    asyncio.run(main())
+
+
+def test_a_newer_meta_is_refused_by_a_first_write(db_path: str) -> None:
+    """A session object's first write reads meta: a newer layout is refused even where
+    c.tail is still a list, and nothing is written."""
+
+    async def main() -> None:
+        s = AgentStateSession("new", db_path=db_path)
+        await s.add_items([{"n": 0}])
+        scope = s.db.scope("session", scope_id("new"))
+        scope.put("meta", {**scope.get("meta"), "format": oa.FORMAT + 1})
+        fresh = AgentStateSession("new", s.db)
+        for call in (fresh.add_items([{"n": 1}]), fresh.clear_session()):
             with pytest.raises(agentstate.SchemaTooNew):
                 await call
-        assert scope.slice("c.00000000") == [{"n": 0}]
+        assert scope.slice("c.tail") == [["h", -1], {"n": 0}]
         s.close()
+
+    asyncio.run(main())
+
+
+def _layout_1(db: agentstate.Database, sid: str, chunks: list[list[Any]]) -> agentstate.Scope:
+    """A session as agentstate 0.2 wrote it: meta format 1, chunks c.0..c.last (the
+    last one the only one that changes, and possibly emptied by pops)."""
+    scope = db.scope("session", scope_id(sid))
+    for n, chunk in enumerate(chunks):
+        scope.put(oa._chunk(n), chunk)
+    scope.put("meta", {"format": 1, "last": len(chunks) - 1, "spills": 0})
+    return scope
+
+
+@pytest.mark.parametrize("emptied", [False, True])
+def test_a_layout_1_session_reads_as_it_is_and_moves_to_layout_2(db_path: str,
+                                                                 emptied: bool) -> None:
+    """A session written by agentstate 0.2 (layout 1) reads back whole and by limit;
+    its first write makes it layout 2 (meta format 2, its chunks kept, an emptied last
+    one removed), after which adds, pops past the tail and reads keep the order."""
+
+    async def main() -> None:
+        with agentstate.open(db_path) as db:
+            old = [[{"n": 0}, {"n": 1}], [{"n": 2}, ["v", "three"]]] + ([[]] if emptied else [])
+            scope = _layout_1(db, "old", old)
+            model: list[Any] = [{"n": 0}, {"n": 1}, {"n": 2}, "three"]
+            s = AgentStateSession("old", db)
+            assert await s.get_items() == model and await s.get_items(3) == model[-3:]
+            await s.add_items([{"n": 4}])
+            model.append({"n": 4})
+            assert scope.get("meta") == {"format": 2, "last": 1, "spills": 0}
+            assert scope.list() == ["c.00000000", "c.00000001", "c.tail", "meta"]
+            assert scope.slice("c.tail") == [["h", 1], {"n": 4}]
+            other = AgentStateSession("old", db)
+            assert await other.get_items() == model and await other.get_items(2) == model[-2:]
+            for _ in range(3):
+                assert await other.pop_item() == model.pop()
+            assert await s.get_items() == model == await s.get_items(10)
+            assert scope.list() == ["c.00000000", "c.tail", "meta"]
+            assert scope.slice("c.tail") == [["h", 0]]
 
     asyncio.run(main())
 
@@ -259,18 +327,23 @@ async def _model_run(path: str, sid: str, ops: list[tuple[str, Any]]) -> None:
 
 
 def _check_layout(s: AgentStateSession) -> None:
-    """Chunks 0..last exist and only the last may be empty; every bytes part belongs
-    to an item still in a chunk; nothing else is in the scope."""
+    """Chunks 0..last exist and none is empty; c.tail starts with the header naming
+    last; every bytes part belongs to an item still in a chunk; nothing else is in the
+    scope."""
     scope = s.db.scope("session", scope_id(s.session_id))
     meta = scope.get("meta")
     if meta is None:
         assert scope.list() == []
         return
+    assert meta["format"] == oa.FORMAT
     chunks = [scope.slice(oa._chunk(n)) for n in range(meta["last"] + 1)]
-    assert all(chunks[:-1])
-    parts = {oa._part(x[1], k) for chunk in chunks for x in chunk
+    assert all(chunks)
+    tail = scope.slice("c.tail")
+    assert tail[0] == ["h", meta["last"]]
+    parts = {oa._part(x[1], k) for chunk in [*chunks, tail[1:]] for x in chunk
              if isinstance(x, list) and x[0] == "x" for k in range(x[2])}
-    assert set(scope.list()) == {"meta", *map(oa._chunk, range(meta["last"] + 1)), *parts}
+    assert set(scope.list()) == {"meta", "c.tail", *map(oa._chunk, range(meta["last"] + 1)),
+                                 *parts}
 
 
 # -- flat cost ----------------------------------------------------------------------
@@ -296,25 +369,34 @@ class _Counting:
 
 
 @pytest.mark.parametrize("history", [10, 10_000])
-def test_add_and_limited_get_touch_the_same_at_10_and_10000(db_path: str, history: int) -> None:
-    """Adding a turn reads meta and appends to the last chunk; get_items(20) reads meta,
-    20 items of the last chunk, meta again (10,000 items of ~125 bytes fill a first chunk)."""
+def test_every_call_is_one_store_call_at_10_and_10000(db_path: str, history: int) -> None:
+    """Adding a turn is one append to c.tail, get_items(20) one slice of it (its header
+    too when the history is shorter), pop_item one pop, get_items() one items(): the
+    same at 10 and at 10,000 items (10,000 of ~125 bytes fill a first chunk)."""
 
     async def main() -> None:
         s = AgentStateSession("flat", db_path=db_path)
         for i in range(0, history, 500):
             await s.add_items([{"role": "user", "content": f"message {n}" + "x" * 100}
                                for n in range(i, min(i + 500, history))])
-        assert s._scope.get("meta")["last"] == (0 if history == 10 else 1)
+        assert s._scope.get("meta")["last"] == (-1 if history == 10 else 0)
         counting = _Counting(s._scope)
         s._scope = counting  # type: ignore[assignment]
-        await s.add_items([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
-        assert counting.calls == ["get", "append"]
+        turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        await s.add_items(turn)
+        assert counting.calls == ["append"]
         counting.calls.clear()
         got = await s.get_items(20)
-        assert len(got) == min(20, history + 2) == counting.sliced
-        assert got[-1] == {"role": "assistant", "content": "a"}
-        assert counting.calls == ["get_versioned", "slice", "get_versioned"]
+        assert len(got) == min(20, history + 2)
+        assert counting.sliced == len(got) + (history < 20)
+        assert got[-2:] == turn
+        assert counting.calls == ["slice"]
+        counting.calls.clear()
+        assert await s.pop_item() == turn[1]
+        assert counting.calls == ["pop"]
+        counting.calls.clear()
+        assert len(await s.get_items()) == history + 1
+        assert counting.calls == ["items"]
         s.close()
 
     asyncio.run(main())
