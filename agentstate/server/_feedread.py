@@ -51,17 +51,15 @@ def read(db: agentstate.Database, rule: SessionRule, p: agentstate.Principal, si
     db._check_open()
     _changes.check_since(since, limit)
     readable = _access.readable(p, rules)
-    if readable is not None:
-        flt = {**flt, "readable": readable, "upto": since + WINDOW}
+    upto = None if readable is None else since + WINDOW
     # _ops.feed_scan, not db.changes(): it also gives the head it scanned to (a public
     # db.changes_page(...) -> (changes, last) would be the cleaner call)
-    rows, head = db._ops.feed_scan(since, limit, flt)
+    rows, head = db._ops.feed_scan(since, limit, flt, readable, upto)
     found = [_changes.change(r) for r in rows]
     full = len(found) == limit
-    upto = flt.get("upto")
-    short = upto is not None and upto < head  # the window ended before the head
-    last = found[-1].seq if full else max(since, min(head, upto) if short else head)
-    return rule.visible(p, found, rules), last, full or short
+    end = head if upto is None else min(head, upto)  # a window may end before the head
+    last = found[-1].seq if full else max(since, end)
+    return rule.visible(p, found, rules), last, full or end < head
 
 
 def error_event(e: AgentStateError) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._grants import RUNS, Rule
-from ..base import SETTINGS, Readable, check_cursor
+from ..base import SETTINGS, Filters, Readable, check_cursor
 from .statements import READ, SEQUENCE, Conn
 
 __all__ = ["head", "scan", "settings", "set_setting"]
@@ -33,7 +33,8 @@ def head(c: Conn) -> int:
     return c.execute("SELECT last FROM feed_head").fetchone()[0]
 
 
-def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+def scan(c: Conn, since: int, limit: int, flt: Filters, readable: Readable | None = None,
+         upto: int | None = None) -> tuple[list[tuple[Any, ...]], int]:
     """(change rows after since, head) in the caller's snapshot.
 
     The committed changes are numbered first (``SEQUENCE``, sent with the
@@ -49,9 +50,7 @@ def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tup
     if since < top:
         check_cursor(since, top, SETTINGS["feed_retention"] if retention is None else retention,
                      first)
-    flt = dict(flt)
-    readable, upto = flt.pop("readable", None), flt.pop("upto", None)
-    params = {"since": since, "limit": limit, "upto": upto, **flt}
+    params: dict[str, Any] = {"since": since, "limit": limit, "upto": upto, **flt}
     where = "".join(f" AND {name} = %({name})s" for name in flt)
     if upto is not None:
         where += " AND seq <= %(upto)s"

@@ -11,7 +11,7 @@ from typing import Any
 
 
 from ..._grants import RUNS, Rule
-from ..base import SETTINGS, Conn, Readable, check_cursor, iso, now_iso
+from ..base import SETTINGS, Conn, Filters, Readable, check_cursor, iso, now_iso
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -53,10 +53,9 @@ def oldest(c: Conn) -> int | None:
     return row[0]
 
 
-def changes(c: Conn, since: int, limit: int, filters: dict[str, Any]) -> list[tuple[Any, ...]]:
-    filters = dict(filters)
-    readable, upto = filters.pop("readable", None), filters.pop("upto", None)
-    params = {"since": since, "limit": limit, "upto": upto, **filters}
+def changes(c: Conn, since: int, limit: int, filters: Filters, readable: Readable | None = None,
+            upto: int | None = None) -> list[tuple[Any, ...]]:
+    params: dict[str, Any] = {"since": since, "limit": limit, "upto": upto, **filters}
     where = "".join(f" AND {name} = :{name}" for name in filters)
     if upto is not None:
         where += " AND seq <= :upto"
@@ -97,7 +96,8 @@ def _readable(r: Readable, params: dict[str, Any]) -> str:
     return "(" + " OR ".join(f"({t})" for t in terms) + ")"
 
 
-def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+def scan(c: Conn, since: int, limit: int, flt: Filters, readable: Readable | None = None,
+         upto: int | None = None) -> tuple[list[tuple[Any, ...]], int]:
     """(change rows after since, head) in the caller's read transaction.
 
     :raises CursorExpired: some change after ``since`` is no longer kept.
@@ -105,7 +105,7 @@ def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tup
     top = head(c)
     if since < top:
         check_cursor(since, top, setting(c, "feed_retention"), oldest(c))
-    return changes(c, since, limit, flt), top
+    return changes(c, since, limit, flt, readable, upto), top
 
 
 def setting(c: Conn, name: str) -> Any:
