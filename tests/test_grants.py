@@ -161,6 +161,12 @@ def test_every_route_states_the_grant_it_needs():
     API.endpoint reads it); a route without one would be refused to everyone."""
     missing = [f"{r.method} {r.path}" for r in ROUTES if r.grant not in GRANTS]
     assert missing == []
+    # an admin route says so twice (only admins reach it: no grant to check); a route that
+    # needs nothing of a token with grants names no scope, run, session or turn
+    assert all((r.grant == "admin") == (r.auth == "admin") for r in ROUTES)
+    assert all(not any(f"{{{p}}}" in r.path for p in ("kind", "id", "run_id", "session_id",
+                                                       "turn_id"))
+               for r in ROUTES if r.grant == "none")
     for r in ROUTES:  # a path that names a scope or a run says which, and reads or writes
         if "{kind}" in r.path:
             assert r.grant[0] == "scope", r.path
@@ -642,6 +648,16 @@ def test_the_server_answers_as_the_reference_model_of_spec_15(modelled, rules, a
             assert code(r) == "forbidden"
             if write:
                 assert digest(db) == before
+    # the writes asked of scopes, as one batch: all or none
+    ops = [{"op": "put", "scope": f"{kind}:{i}", "key": "b", "value": 1}
+           for kind, i, write in asks if write and kind != "runs"]
+    if ops:
+        before = digest(db)
+        r = c.post("/v1/batch", json={"ops": ops})
+        allowed = all(model_allows(rules, *op["scope"].split(":"), True) for op in ops)
+        assert (r.status_code == 403) == (not allowed), (rules, ops, r.text)
+        if not allowed:
+            assert digest(db) == before
     d = c.get("/v1/changes", params={"since": 0, "limit": 10000}).json()
     want = [ch.seq for ch in db.changes(0, limit=10000)
             if model_allows(rules, "runs" if ch.topic == "run" else ch.kind, ch.scope_id, False)]
