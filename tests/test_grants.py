@@ -665,3 +665,44 @@ def test_the_server_answers_as_the_reference_model_of_spec_15(modelled, rules, a
     listed = {r["id"] for r in c.get("/v1/runs").json()["runs"]}
     assert listed == {i for i in IDS if model_allows(rules, "runs", i, False)}
 
+
+
+# -- the schema migration -----------------------------------------------------------------------
+
+
+def _shape(c) -> list:
+    """The columns and indexes of the tables §15 touches, as the catalogue tells them."""
+    cols = c.execute("SELECT table_name, column_name, data_type, is_nullable FROM "
+                     "information_schema.columns WHERE table_schema = current_schema() AND "
+                     "table_name IN ('token', 'signin', 'run') ORDER BY 1, 2").fetchall()
+    idx = c.execute("SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = "
+                    "current_schema() AND tablename IN ('token', 'signin', 'run') ORDER BY 2"
+                    ).fetchall()
+    fks = c.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE "
+                    "conrelid = to_regclass('signin') ORDER BY 1").fetchall()
+    return [cols, [(t, n, d.replace(f"{c.info.parameter_status('search_path')}.", ""))
+                   for t, n, d in idx], fks]
+
+
+def test_a_version_2_postgresql_store_gains_grants_expiry_and_sign_ins(pg_url):
+    """The 2->3 step adds the token's grants and expiry columns and the signin table with
+    its indexes, as a new store has them; a token made before keeps working, without grants
+    and without an end."""
+    import psycopg
+
+    with agentstate.open(pg_url) as db:
+        old = db.tokens.create("bob")
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        want = _shape(c)
+        c.execute("DROP TABLE signin; ALTER TABLE token DROP COLUMN grants, DROP COLUMN expires_at; "
+                  "DROP VIEW runs; DROP INDEX run_entry_call; ALTER TABLE run DROP COLUMN pinned; "
+                  "CREATE VIEW runs AS SELECT id FROM run; UPDATE agentstate_version SET version = 2")
+        assert _shape(c) != want
+    with agentstate.open(pg_url) as db:
+        assert db.info()["schema_version"] == 3
+        assert db.tokens.principal(old) == agentstate.Principal("bob")
+        assert [(r["grants"], r["expires_at"]) for r in db.tokens.list()] == [(None, None)]
+        assert db._ops.signin_create(old, 60) is not None
+        assert db.check() == []
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        assert _shape(c) == want
