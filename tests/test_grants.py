@@ -706,3 +706,22 @@ def test_a_version_2_postgresql_store_gains_grants_expiry_and_sign_ins(pg_url):
         assert db.check() == []
     with psycopg.connect(pg_url, autocommit=True) as c:
         assert _shape(c) == want
+
+
+def test_the_dot_ids_of_a_path_are_checked_as_the_handler_reads_them(db):
+    """``~.`` and ``~..`` in a path are the ids ``.`` and ``..`` for the grant check as for the
+    handler: a rule for ``.`` opens them, a rule for another id does not (no escape past the
+    check)."""
+    app = create_app(db)
+    dot = client(app, db.tokens.create("bob", grants=["thread:.", "runs:.."]))
+    other = client(app, db.tokens.create("carol", grants=["thread:t", "runs:t*"]))
+    assert dot.put("/v1/scopes/thread/~./keys/~.", json={"value": 1}).status_code == 200
+    assert db.scope("thread", ".").get(".") == 1
+    assert dot.post("/v1/runs/~../write", json={"entries": [ENTRY], "snapshot": None,
+                                                "create": True}).status_code == 200
+    assert db.runs.head("..") is not None
+    for c, path in ((other, "/v1/scopes/thread/~./keys/~."), (other, "/v1/runs/~../head"),
+                    (dot, "/v1/scopes/thread/~../keys/k"), (dot, "/v1/runs/~./head")):
+        assert code(c.get(path)) == "forbidden", path
+    with pytest.raises(agentstate.InvalidValue):
+        db.tokens.create("bob", grants=["thread:~."])

@@ -63,7 +63,7 @@ class Route_:
     def __post_init__(self) -> None:
         assert self.auth in AUTH, self.auth
         assert self.grant is None or self.grant in GRANTS, self.grant
-        if isinstance(self.grant, tuple) or self.grant == "batch":  # a grant may refuse it
+        if isinstance(self.grant, tuple) or self.grant in ("batch", "list"):  # a grant may refuse it
             self.errors = tuple(sorted({*self.errors, 403}))
 
 
