@@ -449,3 +449,21 @@ def test_changes_pages_past_what_the_token_may_not_see(db):
     got = alice.changes(since, limit=5)
     assert [(c.kind, c.key) for c in got] == [("app", "seen")]
     assert alice.changes(got[-1].seq, limit=5) == []
+
+
+def test_raw_entries_are_the_stored_text_however_it_was_written(db):
+    """entries(raw=True) through the client gives the text the store holds, as locally, also
+    for an entry sent in a spelling of its own (the store writes every entry's text itself,
+    so decoding and encoding it again in the client gives that same text)."""
+    db.runs.write("r", [], None, create=True)
+    db.served.runs.write("r", [{"seq": 0, "n": 1e2, "s": "é", "big": 2**62}], None)
+    local = db.served.runs.entries("r", raw=True)
+    assert db.runs.entries("r", raw=True) == local
+    assert db.runs.entries("r", 0, 1, raw=True) == local and db.runs.entries("r") == [
+        {"seq": 0, "n": 100.0, "s": "é", "big": 2**62}]
+    http = db._ops._http
+    body = b'{"entries": [{"seq": 1, "n": 1E2, "s": "\\u00e9"}], "snapshot": null}'
+    assert http.post("/v1/runs/r/write", content=body).status_code == 200
+    local = db.served.runs.entries("r", 1, raw=True)
+    assert db.runs.entries("r", 1, raw=True) == local
+    assert db.runs.tail("r", 1) == db.served.runs.tail("r", 1)

@@ -6,11 +6,12 @@
 import { InvalidValue, Unauthorized } from "./errors.js";
 import { Feed, type FeedFilter } from "./feed.js";
 import { Http, type Fetch } from "./http.js";
-import { checkKey, type ScopeKind } from "./json.js";
+import { checkKey, fenceOf, type Fence, type JsonObject, type ScopeKind } from "./json.js";
 import { Runs } from "./runs.js";
 import { Batch, Scope, State, UpdateTurns } from "./scope.js";
 import { Sessions } from "./sessions.js";
 import type { Change } from "./types.js";
+import { ROUTES, type WireProblems, type WireSettings } from "./wire.js";
 
 export interface ConnectOptions {
   /** A bearer token (`agentstate tokens create NAME`). */
@@ -21,8 +22,13 @@ export interface ConnectOptions {
   fetch?: Fetch;
 }
 
-/** The ids of `db.state(...)`: one per scope kind used. */
-export type StateIds = Partial<Record<ScopeKind, string>>;
+/** `db.settings()`: each setting's value (seconds), by the server's name for it. */
+export type Settings = WireSettings;
+
+const MAX_SETTING = 100 * 365 * 86400;
+
+/** The ids of `db.state(...)`: one per scope kind used; `fence` fences every write of them. */
+export type StateIds = Partial<Record<ScopeKind, string>> & { fence?: Fence };
 
 export class Database {
   /** Runs: histories and snapshots (SPEC §3). */
@@ -44,19 +50,51 @@ export class Database {
     this.feed = new Feed(http);
   }
 
-  /** The keys of one scope: kind `thread`, `session`, `agent`, `user` or `app`. :throws InvalidKey */
-  scope(kind: ScopeKind, id: string): Scope {
-    return new Scope(this.http, this.turns, kind, id);
+  /**
+   * The keys of one scope: kind `thread`, `session`, `agent`, `user` or `app`. `fence`
+   * (a Turn or turn id): every write lands only while that turn holds its lease (SPEC §14).
+   * :throws InvalidKey
+   */
+  scope(kind: ScopeKind, id: string, opts: { fence?: Fence } = {}): Scope {
+    return new Scope(this.http, this.turns, kind, id, false, opts.fence);
   }
 
   /** Several scopes of one invocation; reading a member whose id was not given throws. */
   state(ids: StateIds): State {
-    return new State((kind, id) => this.scope(kind, id), ids);
+    const fence = fenceOf(ids?.fence);
+    return new State((kind, id) => this.scope(kind, id, { fence }), ids);
   }
 
-  /** Writes collected and applied all or none, in one request, by `commit()`. */
-  batch(): Batch {
-    return new Batch(this.http);
+  /** Writes collected and applied all or none, in one request, by `commit()`; `fence` fences them all. */
+  batch(opts: { fence?: Fence } = {}): Batch {
+    return new Batch(this.http, opts.fence);
+  }
+
+  /** Every setting of the store, with its default where none was set (`feed_retention`: seconds). */
+  async settings(): Promise<Settings> {
+    return this.http.call<WireSettings>(ROUTES.admin.settings, {});
+  }
+
+  /**
+   * Admins only: set a setting for every client of the store, a whole number of seconds
+   * from 0 to 100 years. :throws InvalidValue (unknown name, bad value), Forbidden
+   */
+  async setSetting(name: string, value: number): Promise<void> {
+    const params = { name: checkKey(name, "setting name") };
+    if (!Number.isSafeInteger(value) || value < 0 || value > MAX_SETTING) {
+      throw new InvalidValue(`${name} must be a whole number of seconds from 0 to 100 years, got ${String(value)}`);
+    }
+    await this.http.call<WireSettings>(ROUTES.admin.setSetting, params, { json: `{"value":${value}}` });
+  }
+
+  /** Admins only: the store's integrity check and invariants; each problem as text, [] when all hold. */
+  async check(): Promise<string[]> {
+    return (await this.http.call<WireProblems>(ROUTES.admin.check, {})).problems;
+  }
+
+  /** Admins only: the store's sizes, schema version, durability and row counts, as the server says them. */
+  async info(): Promise<JsonObject> {
+    return this.http.call<JsonObject>(ROUTES.admin.info, {});
   }
 
   /** The newest change's seq (0 on a new store). */

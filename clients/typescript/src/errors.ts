@@ -4,6 +4,8 @@
  * in camelCase. `err instanceof VersionConflict` works as `except` does.
  */
 
+import { toDate } from "./types.js";
+
 export class AgentStateError extends Error {
   /** A stable string, the same as the Python error's `.code`. */
   readonly code: string;
@@ -181,7 +183,7 @@ export class CallFailed extends AgentStateError {
 type Fields = Record<string, unknown>;
 const str = (v: unknown): string => (typeof v === "string" ? v : "");
 const num = (v: unknown): number => (typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : 0);
-const date = (v: unknown): Date | null => (typeof v === "string" ? new Date(v) : null);
+const date = (v: unknown): Date | null => (typeof v === "string" ? toDate(v) : null);
 
 /** How each server code becomes its class, with the body's fields (snake_case) in camelCase. */
 const BY_CODE: Record<string, (message: string, f: Fields) => AgentStateError> = {

@@ -20,6 +20,8 @@ export interface CallOptions {
   bytes?: Uint8Array;
   /** Ask for the raw bytes of the answer. */
   raw?: boolean;
+  /** A turn id: the write lands only while that turn holds its lease (SPEC §14). */
+  fence?: string;
   signal?: AbortSignal;
 }
 
@@ -82,6 +84,10 @@ export class Http {
       body = o.bytes;
     }
     if (o.raw) headers.accept = "application/octet-stream";
+    if (o.fence !== undefined) {
+      if (route.fence !== true) throw new Error(`${route.method} ${route.path} is not a fenced write`);
+      headers["x-agentstate-fence"] = o.fence;
+    }
     const write = route.method !== "GET";
     const url = this.url(route, params, o.query);
     let res: Response;
@@ -105,18 +111,21 @@ export class Http {
     return res;
   }
 
-  /** Call a route and parse its JSON answer. */
-  async call<T>(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<T> {
+  /** Call a route; its answer's text. */
+  async text(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<string> {
     const res = await this.send(route, params, o);
-    let text: string;
     try {
-      text = await res.text();
+      return await res.text();
     } catch (e) {
       if (o.signal?.aborted) throw o.signal.reason;
       throw new StorageError(`${route.method} ${route.path}: the answer was cut (${String(e)})`,
         route.method !== "GET");
     }
-    return parseAnswer(text, route.method !== "GET") as T;
+  }
+
+  /** Call a route and parse its JSON answer. */
+  async call<T>(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<T> {
+    return parseAnswer(await this.text(route, params, o), route.method !== "GET") as T;
   }
 
   /** Call a route; null when it answers 404 (an absent key or run). */

@@ -8,23 +8,22 @@
  * ```
  */
 
-export { connect, Database, type ConnectOptions, type StateIds } from "./client.js";
-export { Batch, BatchScope, Scope, State, type Appended, type BatchResult, type PutOptions, type Versioned } from "./scope.js";
+export { connect, Database, type ConnectOptions, type Settings, type StateIds } from "./client.js";
+export {
+  Batch, BatchScope, Scope, State, type Appended, type BatchResult, type FenceOption, type KeyPage, type PutOptions,
+  type Versioned,
+} from "./scope.js";
 export { Runs } from "./runs.js";
+export { NOT_RUN, type ClaimOptions, type NotRun, type OnceOptions, type SettleOptions } from "./calls.js";
 export { Sessions, Turn } from "./sessions.js";
 export type { FeedFilter } from "./feed.js";
 export type { Fetch } from "./http.js";
-export type { JsonObject, JsonValue, ScopeKind } from "./json.js";
-export type { Change, Run, RunHead, RunRecord, SavedState, SessionInfo, TurnStatus } from "./types.js";
+export type { Fence, JsonObject, JsonValue, ScopeKind } from "./json.js";
+export type {
+  Change, Claim, ClaimStatus, Run, RunHead, RunRecord, SavedState, SessionInfo, TurnStatus,
+} from "./types.js";
 export {
   AgentStateError, Busy, CallFailed, CallInProgress, Closed, CursorExpired, Damaged, Forbidden, HistoryGap,
   InDoubt, InvalidKey, InvalidTransition, InvalidValue, LeaseLost, NotAList, NotFound, RunExists, RunNotFound,
   SchemaTooNew, SessionBusy, StorageError, TooLarge, Unauthorized, UsageError, VersionConflict,
 } from "./errors.js";
-
-/**
- * What a `reconcile` function of `runs.once` returns when the call's effect
- * did not happen, so the call may run again (SPEC §14).
- */
-export const NOT_RUN: unique symbol = Symbol.for("agentstate.NOT_RUN");
-export type NotRun = typeof NOT_RUN;

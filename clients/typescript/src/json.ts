@@ -37,6 +37,17 @@ export function checkKind(kind: unknown): ScopeKind {
   return kind as ScopeKind;
 }
 
+/** What fences a write (SPEC §14): a `Turn`, or a turn id. */
+export type Fence = string | { readonly id: string };
+
+/** The turn id of a `fence` option, or undefined; else InvalidValue (InvalidKey for a bad id). */
+export function fenceOf(fence: unknown): string | undefined {
+  if (fence === undefined || fence === null) return undefined;
+  const id = typeof fence === "object" ? (fence as { id?: unknown }).id : fence;
+  if (typeof id !== "string") throw new InvalidValue(`fence must be a Turn or a turn id, got ${show(fence)}`);
+  return checkKey(id, "fence (a turn id)");
+}
+
 /** An integer parameter (a version, a count) from `lo` up; else InvalidValue. */
 export function checkInt(name: string, v: unknown, lo = 0): number {
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < lo) {
@@ -49,6 +60,14 @@ export function checkInt(name: string, v: unknown, lo = 0): number {
 export function checkSeconds(name: string, v: unknown): number {
   if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
     throw new InvalidValue(`${name} must be a number of seconds > 0, got ${show(v)}`);
+  }
+  return v;
+}
+
+/** An age in seconds, 0 or more (prune's `olderThan`, `idleFor`); else InvalidValue. */
+export function checkAge(name: string, v: unknown): number {
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v >= 1e11) {
+    throw new InvalidValue(`${name} must be a number of seconds >= 0, got ${show(v)}`);
   }
   return v;
 }
@@ -278,6 +297,56 @@ class Parser {
     const n = Number(t);
     if (m[1] === undefined && m[2] === undefined && !Number.isSafeInteger(n)) return BigInt(t);
     return n;
+  }
+}
+
+/**
+ * The items of the array `field` of a JSON object's text, each as its own text, cut out of
+ * `text` without decoding it (the server sends stored entries as they are stored).
+ */
+export function rawItems(text: string, field: string): string[] {
+  const t = text.trim();
+  if (t[0] !== "{" || t[t.length - 1] !== "}") throw new SyntaxError("not a JSON object");
+  for (const member of splitTop(t, 1, t.length - 1)) {
+    if (member[0] !== '"') throw new SyntaxError("not a JSON object");
+    const end = closingQuote(member, 0);
+    if (JSON.parse(member.slice(0, end + 1)) !== field) continue;
+    const value = member.slice(end + 1).replace(/^\s*:\s*/, "");
+    if (value[0] !== "[" || value[value.length - 1] !== "]") throw new SyntaxError(`${field} is not an array`);
+    return splitTop(value, 1, value.length - 1);
+  }
+  throw new SyntaxError(`no field ${field}`);
+}
+
+/** The comma-separated texts of `s` from `from` to `to`, at the top level of that span. */
+function splitTop(s: string, from: number, to: number): string[] {
+  const out: string[] = [];
+  let depth = 0;
+  let start = from;
+  for (let i = from; i < to; i++) {
+    const c = s.charCodeAt(i);
+    if (c === 34) i = closingQuote(s, i);
+    else if (c === 123 || c === 91) depth++;
+    else if (c === 125 || c === 93) depth--;
+    else if (c === 44 && depth === 0) {
+      out.push(s.slice(start, i).trim());
+      start = i + 1;
+    }
+  }
+  const last = s.slice(start, to).trim();
+  if (last !== "" || out.length > 0) out.push(last);
+  return out;
+}
+
+/** The index of the quote that closes the string opening at `i`. */
+function closingQuote(s: string, i: number): number {
+  let j = i;
+  for (;;) {
+    j = s.indexOf('"', j + 1);
+    if (j < 0) throw new SyntaxError("an unterminated string");
+    let backslashes = 0;
+    while (s.charCodeAt(j - 1 - backslashes) === 92) backslashes++;
+    if (backslashes % 2 === 0) return j;
   }
 }
 

@@ -2,15 +2,17 @@
  * `db.runs` (SPEC §3): an append-only history of entries and one snapshot per run.
  */
 
-import { InvalidValue } from "./errors.js";
+import * as calls from "./calls.js";
+import { InvalidValue, StorageError } from "./errors.js";
 import type { Http } from "./http.js";
-import { checkInt, checkKey, encode } from "./json.js";
+import { checkAge, checkInt, checkKey, encode, fenceOf, rawItems, type Fence } from "./json.js";
 import {
-  toRun, toRunHead, toSavedState, type JsonObject, type Run, type RunHead, type RunRecord, type SavedState,
+  toRun, toRunHead, toSavedState, type Claim, type JsonObject, type Run, type RunHead, type RunRecord,
+  type SavedState,
 } from "./types.js";
 import {
-  ROUTES, type WireDeleted, type WireEntries, type WireId, type WireRecord, type WireRemoved, type WireRun,
-  type WireRunHead, type WireRuns, type WireWritten,
+  ROUTES, type WireDeleted, type WireEntries, type WireId, type WirePinned, type WirePrunedRuns, type WireRecord, type WireRemoved,
+  type WireRun, type WireRunHead, type WireRuns, type WireWritten,
 } from "./wire.js";
 
 const R = ROUTES.runs;
@@ -31,15 +33,17 @@ export class Runs {
    * Add `entries` (objects with an integer `seq`, continuing right after the last
    * stored seq) and replace the snapshot (null keeps it), in one transaction.
    * `create`: a new run (RunExists if the id is taken); else RunNotFound on a missing id.
-   * :throws HistoryGap, RunExists, RunNotFound, InvalidValue
+   * `fence`: a Turn or turn id that must hold its lease (SPEC §14).
+   * :throws HistoryGap, RunExists, RunNotFound, InvalidValue, LeaseLost
    */
   async write(runId: string, entries: JsonObject[], snapshot: JsonObject | null,
-    opts: { create?: boolean } = {}): Promise<void> {
+    opts: { create?: boolean; fence?: Fence } = {}): Promise<void> {
     const params = id(runId);
+    const fence = fenceOf(opts.fence);
     if (!Array.isArray(entries)) throw new InvalidValue("entries must be an array");
     const body = `{"entries":${encode(entries)},"snapshot":${encode(snapshot ?? null)},` +
       `"create":${opts.create === true}}`;
-    await this.http.call<WireWritten>(R.write, params, { json: body });
+    await this.http.call<WireWritten>(R.write, params, { json: body, fence });
   }
 
   /** Every entry kept and the snapshot, with the history's bounds; null when absent. */
@@ -54,10 +58,24 @@ export class Runs {
     return d === null ? null : toRunHead(d);
   }
 
-  /** Entries with seq >= `since`, at most `limit`. */
-  async entries(runId: string, opts: { since?: number; limit?: number } = {}): Promise<JsonObject[]> {
+  /**
+   * Entries with seq >= `since`, at most `limit`; [] for an unknown run. `raw: true`: each
+   * entry as its stored JSON text, cut out of the server's answer, never decoded.
+   */
+  entries(runId: string, opts: { since?: number; limit?: number; raw: true }): Promise<string[]>;
+  entries(runId: string, opts?: { since?: number; limit?: number; raw?: false }): Promise<JsonObject[]>;
+  async entries(runId: string, opts: { since?: number; limit?: number; raw?: boolean } = {}):
+    Promise<JsonObject[] | string[]> {
+    const params = id(runId);
     const q = { since: checkInt("since", opts.since ?? 0), limit: limitOf(opts.limit) };
-    return (await this.http.call<WireEntries>(R.entries, id(runId), { query: q })).entries;
+    if (opts.raw !== undefined && typeof opts.raw !== "boolean") throw new InvalidValue("raw must be true or false");
+    if (!opts.raw) return (await this.http.call<WireEntries>(R.entries, params, { query: q })).entries;
+    const text = await this.http.text(R.entries, params, { query: q });
+    try {
+      return rawItems(text, "entries");
+    } catch (e) {
+      throw new StorageError(`the server's answer is not JSON (${(e as Error).message})`);
+    }
   }
 
   /** The last `n` entries. */
@@ -82,6 +100,19 @@ export class Runs {
     return (await this.http.call<WireRuns>(R.list, {}, { query: q })).runs.map(toSavedState);
   }
 
+  /**
+   * Admins only: delete the runs not written for `olderThan` seconds (only those whose
+   * snapshot says `finished`, unless `finishedOnly: false`; never a pinned one); their ids.
+   * :throws Forbidden (not an admin), InvalidValue
+   */
+  async prune(opts: { olderThan: number; finishedOnly?: boolean }): Promise<string[]> {
+    const olderThan = checkAge("olderThan", opts?.olderThan);
+    const finishedOnly = opts.finishedOnly ?? true;
+    if (typeof finishedOnly !== "boolean") throw new InvalidValue("finishedOnly must be true or false");
+    const body = `{"older_than":${olderThan},"finished_only":${finishedOnly}}`;
+    return (await this.http.call<WirePrunedRuns>(R.prune, {}, { json: body })).runs;
+  }
+
   /** Remove the run; true if it existed. */
   async delete(runId: string): Promise<boolean> {
     return (await this.http.call<WireDeleted>(R.delete, id(runId))).deleted;
@@ -93,6 +124,50 @@ export class Runs {
     const body = `{"new_id":${JSON.stringify(checkKey(newId, "new run id"))}` +
       `${opts.upto === undefined ? "" : `,"upto":${checkInt("upto", opts.upto)}`}}`;
     await this.http.call<WireId>(R.fork, params, { json: body });
+  }
+
+  /**
+   * Keep the run from `prune` (`pinned` false: let it go again); whether it is pinned now.
+   * An explicit `delete` or `trim` still acts on it. :throws RunNotFound
+   */
+  async pin(runId: string, pinned = true): Promise<boolean> {
+    const params = id(runId);
+    if (typeof pinned !== "boolean") throw new InvalidValue("pinned must be true or false");
+    return (await this.http.call<WirePinned>(R.pin, params, { json: `{"pinned":${pinned}}` })).pinned;
+  }
+
+  /**
+   * Claim the tool call `callId` of the run, or say where it stands, in one transaction:
+   * `claimed` (a `tool_call` entry is committed: run the call, then `settle` it), `done`,
+   * `failed`, `in_progress` (another claim is live) or `in_doubt` (a claim with no result
+   * that is no longer live; `retry: true` claims it again). Every status is an answer.
+   * :throws RunNotFound, LeaseLost (the fence lapsed: nothing appended), InvalidKey, InvalidValue
+   */
+  claim(runId: string, callId: string, opts: calls.ClaimOptions = {}): Promise<Claim> {
+    return calls.claim(this.http, runId, callId, opts);
+  }
+
+  /**
+   * Record a claimed call's outcome, as a `tool_result` entry: `error` (its text) when given,
+   * else `result` (a JSON value; absent: null), as Python's `settle(result=, error=)`.
+   * :throws InvalidTransition (not claimed, or settled already), RunNotFound, LeaseLost
+   */
+  settle(runId: string, callId: string, opts: calls.SettleOptions = {}): Promise<void> {
+    return calls.settle(this.http, runId, callId, opts);
+  }
+
+  /**
+   * Run `fn()` (sync or async) at most once for `(runId, callId)`, however often the process
+   * dies and resumes and however many workers race, and return its result (a JSON value).
+   * A recorded result is returned without calling anything; a recorded error throws
+   * CallFailed. A claim whose worker may still run is CallInProgress; one no longer live is
+   * in doubt: `reconcile(callId, entry)` returns the call's result or NOT_RUN (fn runs);
+   * without it, InDoubt. If fn throws, `"<Name>: <message>"` is recorded and the error rethrown;
+   * an AbortError (a cancel) records nothing and leaves the call in doubt.
+   * :throws InDoubt, CallInProgress, CallFailed, LeaseLost, RunNotFound
+   */
+  once<T>(runId: string, callId: string, fn: () => T | Promise<T>, opts: calls.OnceOptions<T> = {}): Promise<T> {
+    return calls.once(this.http, runId, callId, fn, opts);
   }
 
   /** Remove the entries with seq < `before`; how many were removed. */

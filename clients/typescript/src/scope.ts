@@ -5,11 +5,14 @@
 
 import { AgentStateError, InvalidValue, VersionConflict } from "./errors.js";
 import type { Http } from "./http.js";
-import { checkInt, checkKey, checkKind, checkSeconds, encode, type JsonValue, type ScopeKind } from "./json.js";
+import {
+  checkInt, checkKey, checkKind, checkSeconds, encode, fenceOf, type Fence, type JsonValue, type ScopeKind,
+} from "./json.js";
 import { toDate } from "./types.js";
 import {
-  ROUTES, type KeyRoutes, type WireAppended, type WireBatchResults, type WireDeleted, type WireExpiresAt,
-  type WireItems, type WireKeys, type WireLength, type WireTouched, type WireVersion, type WireVersioned,
+  ROUTES, type KeyRoutes, type WireAppended, type WireBatchResults, type WireCleared, type WireDeleted,
+  type WireExpiresAt, type WireItems, type WireKeyValues, type WireKeys, type WireLength, type WireMany,
+  type WireTouched, type WireVersion, type WireVersioned,
 } from "./wire.js";
 
 /** A value with its version; an absent key is `{ value: undefined, version: 0 }`. */
@@ -24,12 +27,28 @@ export interface Appended {
   version: number;
 }
 
-export interface PutOptions {
+/** The option of every write: land only while this turn holds its lease, else LeaseLost (SPEC §14). */
+export interface FenceOption {
+  /** A `Turn` or a turn id; on a fenced scope, this one instead of the scope's. */
+  fence?: Fence;
+}
+
+export interface PutOptions extends FenceOption {
   /** Write only if the key is at this version (0: only if absent); else VersionConflict. */
   ifVersion?: number;
   /** Seconds until the key expires; `"keep"`: the expiry it had. Default: it does not expire. */
   ttl?: number | "keep";
 }
+
+/** Paging of `keys` and `items`: a literal `prefix`, the keys `after` one, at most `limit`. */
+export interface KeyPage {
+  prefix?: string;
+  after?: string;
+  limit?: number;
+}
+
+/** Most keys one `getMany` reads (the store's limit). */
+const MAX_MANY = 1000;
 
 /** One `update()` of a key at a time among this client's callers (see Scope.update). */
 export class UpdateTurns {
@@ -74,24 +93,35 @@ function itemsOf(items: unknown): string {
   return encode(items);
 }
 
-/** The keys of one scope, e.g. `db.scope("session", "s-42")`. Every method returns a Promise. */
+/**
+ * The keys of one scope, e.g. `db.scope("session", "s-42")`. Every method returns a Promise.
+ * A scope made with a fence (`db.scope(kind, id, { fence })`) fences every write.
+ */
 export class Scope {
   readonly kind: ScopeKind;
   readonly id: string;
+  /** The turn id every write of this scope is fenced by, if any. */
+  readonly fence: string | undefined;
   private readonly routes: KeyRoutes;
   private readonly params: Record<string, string>;
 
   /** @internal */
   constructor(private readonly http: Http, private readonly turns: UpdateTurns, kind: string, id: string,
-    sessionState = false) {
+    sessionState = false, fence?: Fence) {
     this.kind = checkKind(kind);
     this.id = checkKey(id, "scope id");
+    this.fence = fenceOf(fence);
     this.routes = sessionState ? ROUTES.sessionState : ROUTES.scope;
     this.params = sessionState ? { session_id: this.id } : { kind: this.kind, id: this.id };
   }
 
   private at(key: string): Record<string, string> {
     return { ...this.params, key: checkKey(key) };
+  }
+
+  /** The fence of one write: its own, else the scope's. */
+  private fenced(opts: FenceOption | undefined): string | undefined {
+    return opts?.fence === undefined || opts.fence === null ? this.fence : fenceOf(opts.fence);
   }
 
   /** The value of `key`, or `dflt` when absent. */
@@ -111,15 +141,17 @@ export class Scope {
   /** Write `value`; the new version. :throws VersionConflict (ifVersion), InvalidValue, TooLarge */
   async put(key: string, value: unknown, opts: PutOptions = {}): Promise<number> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     const body = putBody(encode(value), versionOf(opts.ifVersion), opts.ttl);
-    return (await this.http.call<WireVersion>(this.routes.put, params, { json: body })).version;
+    return (await this.http.call<WireVersion>(this.routes.put, params, { json: body, fence })).version;
   }
 
   /** Remove `key`; true if it existed (same `ifVersion` rule as put). */
-  async delete(key: string, opts: { ifVersion?: number } = {}): Promise<boolean> {
+  async delete(key: string, opts: { ifVersion?: number } & FenceOption = {}): Promise<boolean> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     const q = { if_version: versionOf(opts.ifVersion) };
-    return (await this.http.call<WireDeleted>(this.routes.delete, params, { query: q })).deleted;
+    return (await this.http.call<WireDeleted>(this.routes.delete, params, { query: q, fence })).deleted;
   }
 
   /**
@@ -128,18 +160,19 @@ export class Scope {
    * async) gets `default` only when the key is absent, may run more than once,
    * and must have no side effects; if it throws, nothing is written. The key's
    * expiry is kept. This client's own updates of one key take turns, so they do
-   * not make each other run `fn` again.
+   * not make each other run `fn` again. With a fence, each write is fenced (LeaseLost ends the loop).
    */
   async update<T = JsonValue>(key: string, fn: (value: T) => T | Promise<T>,
-    opts: { default?: T } = {}): Promise<T> {
+    opts: { default?: T } & FenceOption = {}): Promise<T> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     return this.turns.run(`${this.routes.get.path}\n${JSON.stringify(params)}`, async () => {
       for (;;) {
         const d = await this.http.maybe<WireVersioned>(this.routes.get, params);
         const next = await fn(d === null ? (opts.default as T) : (d.value as T));
         const body = putBody(encode(next), d === null ? 0 : d.version, "keep");
         try {
-          await this.http.call<WireVersion>(this.routes.put, params, { json: body });
+          await this.http.call<WireVersion>(this.routes.put, params, { json: body, fence });
           return next;
         } catch (e) {
           if (!(e instanceof VersionConflict)) throw e;
@@ -149,11 +182,12 @@ export class Scope {
   }
 
   /** Add `items` at the end of the list (created if absent), atomically. */
-  async append(key: string, items: unknown[], opts: { ttl?: number } = {}): Promise<Appended> {
+  async append(key: string, items: unknown[], opts: { ttl?: number } & FenceOption = {}): Promise<Appended> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     const ttl = ttlOf(opts.ttl);
     const body = `{"items":${itemsOf(items)}${ttl === undefined ? "" : `,"ttl":${ttl}`}}`;
-    const d = await this.http.call<WireAppended>(this.routes.append, params, { json: body });
+    const d = await this.http.call<WireAppended>(this.routes.append, params, { json: body, fence });
     return { length: d.length, version: d.version };
   }
 
@@ -171,28 +205,65 @@ export class Scope {
   }
 
   /** Remove the last `n` items and return them in list order; [] when absent. :throws NotAList */
-  async pop<T = JsonValue>(key: string, n = 1): Promise<T[]> {
+  async pop<T = JsonValue>(key: string, n = 1, opts: FenceOption = {}): Promise<T[]> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     const body = `{"n":${checkInt("n", n)}}`;
-    return (await this.http.call<WireItems>(this.routes.pop, params, { json: body })).items as T[];
+    return (await this.http.call<WireItems>(this.routes.pop, params, { json: body, fence })).items as T[];
   }
 
   /** Keys of this scope, ascending; `prefix` is literal, `after` pages, `limit` caps. */
-  async keys(opts: { prefix?: string; after?: string; limit?: number } = {}): Promise<string[]> {
-    const q = {
-      prefix: opts.prefix || undefined,
-      after: opts.after ? checkKey(opts.after, "after") : undefined,
-      limit: opts.limit === undefined ? undefined : checkInt("limit", opts.limit),
-    };
+  async keys(opts: KeyPage = {}): Promise<string[]> {
+    const q = pageQuery(opts);
     if (q.limit === 0) return [];
     return (await this.http.call<WireKeys>(this.routes.keys, this.params, { query: q })).keys;
   }
 
+  /**
+   * Several keys in one read: `{ key: { value, version } }` for each of `keys`, in the order
+   * given (an absent one: `{ value: undefined, version: 0 }`, as getVersioned). At most 1,000.
+   * :throws InvalidKey, InvalidValue
+   */
+  async getMany<T = JsonValue>(keys: readonly string[]): Promise<Record<string, Versioned<T>>> {
+    if (!Array.isArray(keys)) throw new InvalidValue("getMany() takes an array of keys");
+    const wanted = keys.map((k) => checkKey(k));
+    if (wanted.length > MAX_MANY) {
+      throw new InvalidValue(`getMany() reads at most ${MAX_MANY} keys a call, got ${wanted.length}`);
+    }
+    const unique = [...new Set(wanted)];
+    const found = unique.length === 0 ? {} : (await this.http.call<WireMany>(this.routes.getMany, this.params,
+      { json: `{"keys":${JSON.stringify(unique)}}` })).values;
+    // fromEntries makes own properties: a key "__proto__" is a key like any other.
+    return Object.fromEntries(wanted.map((k) => {
+      const v = Object.hasOwn(found, k) ? found[k]! : undefined;
+      return [k, v === undefined || v.version === 0 ? { value: undefined, version: 0 }
+        : { value: v.value as T, version: v.version }];
+    }));
+  }
+
+  /**
+   * The keys of this scope with their values, ascending, in one read: `[key, { value, version }]`
+   * pairs, paged as `keys()` is (a literal `prefix`, `after` a key, at most `limit`).
+   */
+  async items<T = JsonValue>(opts: KeyPage = {}): Promise<[string, Versioned<T>][]> {
+    const q = pageQuery(opts);
+    if (q.limit === 0) return [];
+    const d = await this.http.call<WireKeyValues>(this.routes.items, this.params, { query: q });
+    return d.items.map((i) => [i.key, { value: i.value as T, version: i.version }]);
+  }
+
+  /** Delete every key of this scope, in one transaction; how many there were. */
+  async clear(opts: FenceOption = {}): Promise<number> {
+    const fence = this.fenced(opts);
+    return (await this.http.call<WireCleared>(this.routes.clear, this.params, { json: "{}", fence })).cleared;
+  }
+
   /** Set a new expiry `ttl` seconds from now (null: never), value and version unchanged; false if absent. */
-  async touch(key: string, ttl: number | null): Promise<boolean> {
+  async touch(key: string, ttl: number | null, opts: FenceOption = {}): Promise<boolean> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     const body = `{"ttl":${ttlOf(ttl) ?? "null"}}`;
-    return (await this.http.call<WireTouched>(this.routes.touch, params, { json: body })).touched;
+    return (await this.http.call<WireTouched>(this.routes.touch, params, { json: body, fence })).touched;
   }
 
   /** When the key expires; null if it does not, or is absent. */
@@ -202,11 +273,13 @@ export class Scope {
   }
 
   /** Store raw bytes under `key` (the same key space); the new version. */
-  async putBytes(key: string, data: Uint8Array, opts: { ifVersion?: number; ttl?: number } = {}): Promise<number> {
+  async putBytes(key: string, data: Uint8Array,
+    opts: { ifVersion?: number; ttl?: number } & FenceOption = {}): Promise<number> {
     const params = this.at(key);
+    const fence = this.fenced(opts);
     if (!(data instanceof Uint8Array)) throw new InvalidValue("putBytes takes a Uint8Array");
     const q = { if_version: versionOf(opts.ifVersion), ttl: ttlOf(opts.ttl) };
-    return (await this.http.call<WireVersion>(this.routes.put, params, { bytes: data, query: q })).version;
+    return (await this.http.call<WireVersion>(this.routes.put, params, { bytes: data, query: q, fence })).version;
   }
 
   /** The raw bytes of `key` (a JSON value: its UTF-8 JSON text); null when absent. */
@@ -220,6 +293,14 @@ export class Scope {
       throw e;
     }
   }
+}
+
+function pageQuery(opts: KeyPage): { prefix?: string; after?: string; limit?: number } {
+  return {
+    prefix: opts.prefix || undefined,
+    after: opts.after ? checkKey(opts.after, "after") : undefined,
+    limit: opts.limit === undefined ? undefined : checkInt("limit", opts.limit),
+  };
 }
 
 function putBody(text: string, ifVersion: number | undefined, ttl: unknown): string {
@@ -239,7 +320,7 @@ export class State {
     ids: Partial<Record<ScopeKind, string>>) {
     this.ids = {};
     for (const [kind, id] of Object.entries(ids)) {
-      if (id === undefined || id === null) continue;
+      if (id === undefined || id === null || kind === "fence") continue;
       checkKey(id, `${checkKind(kind)} id`);
       this.ids[kind as ScopeKind] = id;
     }
@@ -265,9 +346,13 @@ export type BatchResult = number | boolean | Appended;
 export class Batch {
   private readonly ops: string[] = [];
   private committed = false;
+  /** The turn id that fences every write of the batch, if any. */
+  readonly fence: string | undefined;
 
   /** @internal */
-  constructor(private readonly http: Http) {}
+  constructor(private readonly http: Http, fence?: Fence) {
+    this.fence = fenceOf(fence);
+  }
 
   /** The writes of one scope; each is checked now (and throws now), sent at commit. */
   scope(kind: string, id: string): BatchScope {
@@ -285,7 +370,8 @@ export class Batch {
     if (this.committed) throw new InvalidValue("this batch was committed already");
     this.committed = true;
     if (this.ops.length === 0) return [];
-    const d = await this.http.call<WireBatchResults>(ROUTES.batch, {}, { json: `{"ops":[${this.ops.join(",")}]}` });
+    const d = await this.http.call<WireBatchResults>(ROUTES.batch, {},
+      { json: `{"ops":[${this.ops.join(",")}]}`, fence: this.fence });
     return d.results.map((r) => (typeof r.length === "number" ? { length: r.length, version: r.version as number }
       : typeof r.deleted === "boolean" ? r.deleted : (r.version as number)));
   }

@@ -3,12 +3,15 @@
  * The principal is the token's (or, for an admin, the one given to `connect`).
  */
 
+import { errorText } from "./calls.js";
 import { InvalidTransition, InvalidValue } from "./errors.js";
 import type { Http } from "./http.js";
-import { checkInt, checkKey, checkSeconds, encode, type JsonValue } from "./json.js";
+import { checkAge, checkInt, checkKey, checkSeconds, encode, type JsonValue } from "./json.js";
 import { Scope, type UpdateTurns } from "./scope.js";
 import { toDate, toSession, type JsonObject, type SessionInfo, type TurnStatus } from "./types.js";
-import { ROUTES, type WireDeleted, type WireSession, type WireSessions, type WireTurn, type WireTurns } from "./wire.js";
+import {
+  ROUTES, type WireDeleted, type WirePrunedSessions, type WireSession, type WireSessions, type WireTurn, type WireTurns,
+} from "./wire.js";
 
 const S = ROUTES.sessions;
 
@@ -96,10 +99,7 @@ export class Turn {
 
   /** running or resuming → failed, with the error's text. */
   fail(error: unknown): Promise<this> {
-    const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    // Any text is recorded: what JSON cannot keep (NUL, a lone surrogate) becomes U+FFFD.
-    const storable = text.replace(/\0|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, "\uFFFD");
-    return this.act("fail", `{"error":${encode(storable)}}`);
+    return this.act("fail", `{"error":${encode(errorText(error))}}`);
   }
 }
 
@@ -129,6 +129,16 @@ export class Sessions {
   /** Remove the session, its turns and its session-scope state. */
   async delete(sessionId: string): Promise<void> {
     await this.http.call<WireDeleted>(S.delete, sid(sessionId));
+  }
+
+  /**
+   * Admins only: delete the sessions with no turn started for `idleFor` seconds and none
+   * queued or running, with their turns and session-scope state; their ids.
+   * :throws Forbidden (not an admin), InvalidValue
+   */
+  async prune(opts: { idleFor: number }): Promise<string[]> {
+    const body = `{"idle_for":${checkAge("idleFor", opts?.idleFor)}}`;
+    return (await this.http.call<WirePrunedSessions>(S.prune, {}, { json: body })).sessions;
   }
 
   /** The session's own state (`session:{id}`), after the access check (NotFound). */

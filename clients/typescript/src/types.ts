@@ -61,11 +61,13 @@ export interface RunHead {
   format: number;
   createdAt: Date;
   updatedAt: Date;
+  /** Kept from `prune` (`runs.pin`). */
+  pinned: boolean;
 }
 
 export function toRunHead(d: WireRunHead): RunHead {
   return { id: d.id, snapshot: d.snapshot, firstSeq: d.first_seq, nextSeq: d.next_seq, format: d.format,
-    createdAt: toDate(d.created_at), updatedAt: toDate(d.updated_at) };
+    createdAt: toDate(d.created_at), updatedAt: toDate(d.updated_at), pinned: d.pinned };
 }
 
 /** `runs.list()`: one run, from its snapshot's `task`, `turn`, `stopped_by`, `finished`. */
@@ -77,11 +79,27 @@ export interface SavedState {
   turn: number;
   stoppedBy: string | null;
   finished: boolean;
+  /** Kept from `prune` (`runs.pin`). */
+  pinned: boolean;
 }
 
 export function toSavedState(d: WireSummary): SavedState {
   return { id: d.id, task: d.task, createdAt: toDate(d.created_at), updatedAt: toDate(d.updated_at),
-    turn: d.turn, stoppedBy: d.stopped_by, finished: d.finished };
+    turn: d.turn, stoppedBy: d.stopped_by, finished: d.finished, pinned: d.pinned };
+}
+
+/** Where a tool call stands after `runs.claim` (SPEC §14). */
+export type ClaimStatus = "claimed" | "done" | "failed" | "in_progress" | "in_doubt";
+
+/**
+ * What `runs.claim` found or did: `result` (done) or `error` (failed) as recorded, else
+ * undefined and null; `entry`, the call's newest entry (the claim, or its result).
+ */
+export interface Claim {
+  status: ClaimStatus;
+  result: JsonValue | undefined;
+  error: string | null;
+  entry: JsonObject;
 }
 
 /** A session: `owner` is the name of the principal that created it. */

@@ -6,7 +6,7 @@
  * and as a runtime description (what a test compares with the server's
  * GET /openapi.json). `shape<T>()` makes the compiler hold the two equal:
  * a field added to one and not the other does not build. The test
- * (test/openapi.test.ts) then fails when the server adds or drops a route or
+ * (test/openapi.ts, run by test/api.test.ts) then fails when the server adds or drops a route or
  * a field that this table does not know of.
  */
 
@@ -23,10 +23,14 @@ export interface WireTouched { touched: boolean; expires_at: string | null }
 export interface WireExpiresAt { expires_at: string | null }
 export interface WireLength { length: number }
 export interface WireKeys { keys: string[]; next: string | null }
+export interface WireValue { value: JsonValue; version: number }
+export interface WireMany { values: Record<string, WireValue> }
+export interface WireKeyValues { items: WireVersioned[]; next: string | null }
+export interface WireCleared { cleared: number }
 export interface WireBatchResults { results: JsonObject[] }
 export interface WireSummary {
   id: string; task: string; turn: number; stopped_by: string | null; finished: boolean;
-  created_at: string; updated_at: string;
+  created_at: string; updated_at: string; pinned: boolean;
 }
 export interface WireRuns { runs: WireSummary[]; next: string | null }
 export interface WireRun {
@@ -35,8 +39,20 @@ export interface WireRun {
 }
 export interface WireRunHead {
   id: string; snapshot: JsonObject | null; first_seq: number; next_seq: number; format: number;
-  created_at: string; updated_at: string;
+  created_at: string; updated_at: string; pinned: boolean;
 }
+export interface WirePinned { pinned: boolean }
+export interface WirePrunedRuns { runs: string[] }
+export interface WirePrunedSessions { sessions: string[] }
+export interface WireClaim {
+  status: "claimed" | "done" | "failed" | "in_progress" | "in_doubt";
+  /** Only when done. */
+  result?: JsonValue;
+  /** Only when failed. */
+  error?: string;
+  entry: JsonObject;
+}
+export interface WireSettled { entry: JsonObject }
 export interface WireWritten { written: boolean }
 export interface WireEntries { entries: JsonObject[] }
 export interface WireRecord { entries: JsonObject[]; snapshot: JsonObject | null }
@@ -56,6 +72,9 @@ export interface WireChange {
 }
 export interface WireChanges { changes: WireChange[]; last: number }
 export interface WireHead { head: number }
+/** Every setting, with its default where none was set. */
+export interface WireSettings { feed_retention?: number }
+export interface WireProblems { problems: string[] }
 
 // -- their runtime descriptions, held equal to the types by the compiler ---------------
 
@@ -70,18 +89,26 @@ type Tag<V> =
   [V] extends [readonly (infer E)[]] ? readonly [Tag<E>] :
   [V] extends [JsonObject] ? "object" :
   [V] extends [JsonObject | null] ? "object|null" :
+  string extends keyof V ? { readonly "*": Tag<V[string & keyof V]> } : // a map: additionalProperties
   Shape<V>;
 
+/** The tag of a field the server may leave out (not `required` in the document): "string?". */
+type Optional<S> = S extends string ? `${S}?` : never;
+
 /** Every field of `T`, no more, with its JSON type. */
-export type Shape<T> = { readonly [K in keyof T]-?: Tag<T[K]> };
+export type Shape<T> = {
+  readonly [K in keyof T]-?: {} extends Pick<T, K> ? Optional<Tag<Exclude<T[K], undefined>>> : Tag<T[K]>
+};
+/** A JSON type's tag, a list `[item]`, an object's fields, or a map `{"*": value}`. */
 export type Described = string | readonly [Described] | { readonly [field: string]: Described };
 
 const shape = <T>() => <const S extends Shape<T>>(s: S & Record<Exclude<keyof S, keyof T>, never>): S => s;
 
 const SUMMARY = shape<WireSummary>()({
   id: "string", task: "string", turn: "integer", stopped_by: "string|null", finished: "boolean",
-  created_at: "string", updated_at: "string",
+  created_at: "string", updated_at: "string", pinned: "boolean",
 });
+const VERSIONED = shape<WireVersioned>()({ key: "string", value: "any", version: "integer" });
 const SESSION = shape<WireSession>()({ id: "string", owner: "string", created_at: "string", metadata: "object" });
 const TURN = shape<WireTurn>()({
   id: "string", session_id: "string", n: "integer", status: "string", input: "any", request: "any",
@@ -95,7 +122,7 @@ const CHANGE = shape<WireChange>()({
 });
 
 export const ANSWERS = {
-  Versioned: shape<WireVersioned>()({ key: "string", value: "any", version: "integer" }),
+  Versioned: VERSIONED,
   Version: shape<WireVersion>()({ version: "integer" }),
   Deleted: shape<WireDeleted>()({ deleted: "boolean" }),
   Appended: shape<WireAppended>()({ length: "integer", version: "integer" }),
@@ -104,6 +131,9 @@ export const ANSWERS = {
   ExpiresAt: shape<WireExpiresAt>()({ expires_at: "string|null" }),
   Length: shape<WireLength>()({ length: "integer" }),
   Keys: shape<WireKeys>()({ keys: ["string"], next: "string|null" }),
+  Many: shape<WireMany>()({ values: { "*": { value: "any", version: "integer" } } }),
+  KeyValues: shape<WireKeyValues>()({ items: [VERSIONED], next: "string|null" }),
+  Cleared: shape<WireCleared>()({ cleared: "integer" }),
   BatchResults: shape<WireBatchResults>()({ results: ["object"] }),
   Runs: shape<WireRuns>()({ runs: [SUMMARY], next: "string|null" }),
   Run: shape<WireRun>()({
@@ -112,8 +142,15 @@ export const ANSWERS = {
   }),
   RunHead: shape<WireRunHead>()({
     id: "string", snapshot: "object|null", first_seq: "integer", next_seq: "integer", format: "integer",
-    created_at: "string", updated_at: "string",
+    created_at: "string", updated_at: "string", pinned: "boolean",
   }),
+  Pinned: shape<WirePinned>()({ pinned: "boolean" }),
+  PrunedRuns: shape<WirePrunedRuns>()({ runs: ["string"] }),
+  Settings: shape<WireSettings>()({ feed_retention: "integer?" }),
+  Problems: shape<WireProblems>()({ problems: ["string"] }),
+  PrunedSessions: shape<WirePrunedSessions>()({ sessions: ["string"] }),
+  Claim: shape<WireClaim>()({ status: "string", result: "any?", error: "string?", entry: "object" }),
+  Settled: shape<WireSettled>()({ entry: "object" }),
   Written: shape<WireWritten>()({ written: "boolean" }),
   Entries: shape<WireEntries>()({ entries: ["object"] }),
   Record: shape<WireRecord>()({ entries: ["object"], snapshot: "object|null" }),
@@ -144,24 +181,31 @@ export interface Route {
   readonly body?: readonly string[];
   /** A `not_found` here is a RunNotFound. */
   readonly run?: boolean;
+  /** A write this client may fence with the X-Agentstate-Fence header (SPEC §14). */
+  readonly fence?: boolean;
 }
 
 const r = (method: Method, path: string, answer: Described, more: Partial<Route> = {}): Route =>
   ({ method, path, answer, ...more });
 
+/** The routes of one scope's keys, under `base` (a scope, or a session's own state). */
 function keyRoutes(base: string) {
-  const k = base + "/{key}";
+  const k = base + "/keys/{key}";
+  const w = { fence: true };
   return {
     get: r("GET", k, ANSWERS.Versioned),
-    put: r("PUT", k, ANSWERS.Version, { query: ["if_version", "ttl"], body: ["value", "if_version", "ttl", "keep_ttl"] }),
-    delete: r("DELETE", k, ANSWERS.Deleted, { query: ["if_version"] }),
-    append: r("POST", k + "/append", ANSWERS.Appended, { body: ["items", "ttl"] }),
-    pop: r("POST", k + "/pop", ANSWERS.Items, { body: ["n"] }),
-    touch: r("POST", k + "/touch", ANSWERS.Touched, { body: ["ttl"] }),
+    put: r("PUT", k, ANSWERS.Version, { ...w, query: ["if_version", "ttl"], body: ["value", "if_version", "ttl", "keep_ttl"] }),
+    delete: r("DELETE", k, ANSWERS.Deleted, { ...w, query: ["if_version"] }),
+    append: r("POST", k + "/append", ANSWERS.Appended, { ...w, body: ["items", "ttl"] }),
+    pop: r("POST", k + "/pop", ANSWERS.Items, { ...w, body: ["n"] }),
+    touch: r("POST", k + "/touch", ANSWERS.Touched, { ...w, body: ["ttl"] }),
     expiresAt: r("GET", k + "/expires_at", ANSWERS.ExpiresAt),
     slice: r("GET", k + "/slice", ANSWERS.Items, { query: ["start", "stop"] }),
     length: r("GET", k + "/length", ANSWERS.Length),
-    keys: r("GET", base, ANSWERS.Keys, { query: ["prefix", "after", "limit"] }),
+    keys: r("GET", base + "/keys", ANSWERS.Keys, { query: ["prefix", "after", "limit"] }),
+    getMany: r("POST", base + "/get_many", ANSWERS.Many, { body: ["keys"] }),
+    items: r("GET", base + "/items", ANSWERS.KeyValues, { query: ["prefix", "after", "limit"] }),
+    clear: r("POST", base + "/clear", ANSWERS.Cleared, w),
   };
 }
 
@@ -169,24 +213,31 @@ export type KeyRoutes = ReturnType<typeof keyRoutes>;
 
 /** Every route this client calls; the client builds every URL from this table. */
 export const ROUTES = {
-  scope: keyRoutes("/v1/scopes/{kind}/{id}/keys"),
-  sessionState: keyRoutes("/v1/sessions/{session_id}/state/keys"),
-  batch: r("POST", "/v1/batch", ANSWERS.BatchResults, { body: ["ops"] }),
+  scope: keyRoutes("/v1/scopes/{kind}/{id}"),
+  sessionState: keyRoutes("/v1/sessions/{session_id}/state"),
+  batch: r("POST", "/v1/batch", ANSWERS.BatchResults, { fence: true, body: ["ops"] }),
   runs: {
     list: r("GET", "/v1/runs", ANSWERS.Runs, { query: ["after", "limit"] }),
+    prune: r("POST", "/v1/runs/prune", ANSWERS.PrunedRuns, { body: ["older_than", "finished_only"] }),
     read: r("GET", "/v1/runs/{run_id}", ANSWERS.Run, { run: true }),
     head: r("GET", "/v1/runs/{run_id}/head", ANSWERS.RunHead, { run: true }),
     delete: r("DELETE", "/v1/runs/{run_id}", ANSWERS.Deleted, { run: true }),
-    write: r("POST", "/v1/runs/{run_id}/write", ANSWERS.Written, { run: true, body: ["entries", "snapshot", "create"] }),
+    write: r("POST", "/v1/runs/{run_id}/write", ANSWERS.Written, { run: true, fence: true, body: ["entries", "snapshot", "create"] }),
     entries: r("GET", "/v1/runs/{run_id}/entries", ANSWERS.Entries, { run: true, query: ["since", "limit"] }),
     tail: r("GET", "/v1/runs/{run_id}/tail", ANSWERS.Entries, { run: true, query: ["n"] }),
     load: r("GET", "/v1/runs/{run_id}/load", ANSWERS.Record, { run: true }),
     fork: r("POST", "/v1/runs/{run_id}/fork", ANSWERS.Id, { run: true, body: ["new_id", "upto"] }),
     trim: r("POST", "/v1/runs/{run_id}/trim", ANSWERS.Removed, { run: true, body: ["before"] }),
+    pin: r("POST", "/v1/runs/{run_id}/pin", ANSWERS.Pinned, { run: true, body: ["pinned"] }),
+    claim: r("POST", "/v1/runs/{run_id}/calls/{call_id}/claim", ANSWERS.Claim,
+      { run: true, fence: true, body: ["call", "lease", "retry"] }),
+    settle: r("POST", "/v1/runs/{run_id}/calls/{call_id}/settle", ANSWERS.Settled,
+      { run: true, fence: true, body: ["result", "error"] }),
   },
   sessions: {
     create: r("POST", "/v1/sessions", ANSWERS.Session, { body: ["metadata"] }),
     list: r("GET", "/v1/sessions", ANSWERS.Sessions, { query: ["after", "limit"] }),
+    prune: r("POST", "/v1/sessions/prune", ANSWERS.PrunedSessions, { body: ["idle_for"] }),
     get: r("GET", "/v1/sessions/{session_id}", ANSWERS.Session),
     delete: r("DELETE", "/v1/sessions/{session_id}", ANSWERS.Deleted),
     turns: r("GET", "/v1/sessions/{session_id}/turns", ANSWERS.Turns, { query: ["after", "limit"] }),
@@ -195,6 +246,12 @@ export const ROUTES = {
     turnsByStatus: r("GET", "/v1/turns", ANSWERS.Turns, { query: ["status", "after", "limit"] }),
     getTurn: r("GET", "/v1/turns/{turn_id}", ANSWERS.Turn),
     act: r("POST", "/v1/turns/{turn_id}/{action}", ANSWERS.Turn, { body: ["lease", "request", "decision", "result", "error"] }),
+  },
+  admin: {
+    settings: r("GET", "/v1/settings", ANSWERS.Settings),
+    setSetting: r("PUT", "/v1/settings/{name}", ANSWERS.Settings, { body: ["value"] }),
+    check: r("GET", "/v1/admin/check", ANSWERS.Problems),
+    info: r("GET", "/v1/admin/info", "object"),
   },
   feed: {
     changes: r("GET", "/v1/changes", ANSWERS.Changes, { query: ["since", "wait", "topic", "kind", "scope_id", "key", "limit"] }),
@@ -205,12 +262,6 @@ export const ROUTES = {
 
 /** Routes of the server this client leaves alone on purpose, and why. */
 export const NOT_CALLED: Readonly<Record<string, string>> = {
-  "POST /v1/runs/prune": "administration (agentstate prune, db.runs.prune in Python): not in SPEC §13",
-  "POST /v1/sessions/prune": "administration (agentstate prune): not in SPEC §13",
-  "GET /v1/settings": "settings are administered with `agentstate settings`: not in SPEC §13",
-  "PUT /v1/settings/{name}": "settings are administered with `agentstate settings`: not in SPEC §13",
-  "GET /v1/admin/check": "administration (agentstate check): not in SPEC §13",
-  "GET /v1/admin/info": "administration (agentstate info): not in SPEC §13",
   "GET /v1/health": "for load balancers and probes: not in SPEC §13",
   "GET /v1/whoami": "the Python client's way to learn its token's principal; here connect() is told it (principal)",
   "GET /openapi.json": "the document itself (the tests read it)",

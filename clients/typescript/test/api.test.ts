@@ -190,16 +190,41 @@ describe("scopes", () => {
     }
   });
 
-  it("keys '.' and '..' never reach another key (the URL escape '~.')", async () => {
+  it("keys, scope ids and run ids '.' and '..' are reached (the URL escape '~.'), never another", async () => {
     // A fetch URL drops dot segments ('%2E' too): '.../keys/%2E/length' would ask for the key
-    // 'length'. The client sends '~.'; whatever the server makes of it, it is never another key.
+    // 'length'. The client sends '~.' and '~..', which the server takes as those keys.
     const s = db.scope("agent", fresh());
     await s.put("length", [1, 2, 3]);
-    const lengthOfDot = await s.length(".").catch((e: unknown) => e);
-    assert.ok(lengthOfDot === 0 || lengthOfDot instanceof InvalidKey, String(lengthOfDot));
-    const got = await s.get("..").catch((e: unknown) => e);
-    assert.ok(got === undefined || got instanceof InvalidKey, String(got));
-    assert.deepEqual(await s.keys(), ["length"]);
+    assert.equal(await s.put(".", "dot"), 1);
+    assert.equal(await s.put("..", { two: "dots" }), 1);
+    assert.equal(await s.get("."), "dot");
+    assert.deepEqual(await s.getVersioned(".."), { value: { two: "dots" }, version: 1 });
+    await assert.rejects(s.append("..", [1]), NotAList, "the key '..' holds an object");
+    await s.put("..", [1]);
+    assert.deepEqual(await s.append("..", [2]), { length: 2, version: 3 });
+    assert.equal(await s.length(".."), 2);
+    await assert.rejects(s.length("."), NotAList, "the key '.' holds a string, not the list at 'length'");
+    assert.deepEqual(await s.keys(), [".", "..", "length"]);
+    assert.deepEqual(await s.get("length"), [1, 2, 3], "the key 'length' is untouched");
+    assert.deepEqual(await s.getBytes("."), new TextEncoder().encode('"dot"'));
+    assert.equal(await s.touch(".", 60), true);
+    assert.ok((await s.expiresAt(".")) instanceof Date);
+    assert.equal(await s.delete("."), true);
+    assert.equal(await s.get("."), undefined);
+    for (const id of [".", ".."]) {
+      const scope = db.scope("thread", id);
+      await scope.put(id, id);
+      assert.equal(await scope.get(id), id);
+      assert.deepEqual(await scope.keys(), [id]);
+    }
+    assert.equal(await db.scope("thread", "length").get("."), undefined, "scope '.' is its own scope");
+    for (const id of [".", ".."]) {
+      await db.runs.write(id, [{ seq: 0, type: "user" }], { task: id }, { create: true });
+      assert.deepEqual([(await db.runs.head(id))?.id, (await db.runs.read(id))?.snapshot], [id, { task: id }]);
+      assert.equal(await db.runs.once(id, ".", () => `ran in ${id}`), `ran in ${id}`);
+      assert.equal((await db.runs.claim(id, ".")).status, "done");
+      assert.equal(await db.runs.delete(id), true);
+    }
   });
 });
 
@@ -462,6 +487,30 @@ describe("auth", () => {
   });
 });
 
+describe("settings, check and info", () => {
+  it("settings with their defaults; setSetting for every process; check and info for admins", async () => {
+    const before = await db.settings();
+    assert.equal(typeof before.feed_retention, "number");
+    await db.setSetting("feed_retention", 86400);
+    assert.deepEqual(await db.settings(), { ...before, feed_retention: 86400 });
+    assert.equal(await connect(srv.url, { token: srv.userToken }).settings().then((s) => s.feed_retention), 86400);
+    await assert.rejects(db.setSetting("no_such_setting", 1), InvalidValue);
+    await assert.rejects(db.setSetting("feed_retention", 1.5), InvalidValue);
+    await assert.rejects(db.setSetting("feed_retention", -1), InvalidValue);
+    await db.setSetting("feed_retention", before.feed_retention!);
+    assert.deepEqual(await db.settings(), before);
+
+    assert.deepEqual(await db.check(), []);
+    const info = await db.info();
+    assert.equal(typeof info, "object");
+    assert.ok(Object.keys(info).length > 0, JSON.stringify(info));
+    const user = connect(srv.url, { token: srv.userToken });
+    await assert.rejects(user.setSetting("feed_retention", 1), Forbidden);
+    await assert.rejects(user.check(), Forbidden);
+    await assert.rejects(user.info(), Forbidden);
+  });
+});
+
 describe("the types against the server's /openapi.json", () => {
   async function doc(): Promise<Doc> {
     return (await (await fetch(`${srv.url}/openapi.json`)).json()) as Doc;
@@ -483,8 +532,22 @@ describe("the types against the server's /openapi.json", () => {
       .changes!.items!.properties as Record<string, unknown>).scope_id;
     assert.match(disagreements(dropped).join("\n"), /changes\[\]\.scope_id: in the client's types, not sent/);
     const added = structuredClone(d);
-    added.paths["/v1/runs/{run_id}/calls/{call_id}/claim"] = { post: { responses: {} } };
-    assert.match(disagreements(added).join("\n"), /POST \/v1\/runs\/\{run_id\}\/calls\/\{call_id\}\/claim: a route of the server/);
+    added.paths["/v1/runs/{run_id}/export"] = { post: { responses: {} } };
+    assert.match(disagreements(added).join("\n"), /POST \/v1\/runs\/\{run_id\}\/export: a route of the server/);
+    const claim = (x: Doc) => x.paths["/v1/runs/{run_id}/calls/{call_id}/claim"]!.post!;
+    const optional = structuredClone(d);
+    const claimAnswer = claim(optional).responses["200"]!.content!["application/json"]!.schema;
+    claimAnswer.required = ["status"]; // the entry no longer always sent
+    assert.match(disagreements(optional).join("\n"), /claim\.entry: the server may leave it out/);
+    claimAnswer.required = ["status", "entry", "error"];
+    assert.match(disagreements(optional).join("\n"), /claim\.error: always sent by the server, optional/);
+    const unfenced = structuredClone(d);
+    claim(unfenced).parameters = claim(unfenced).parameters!.filter((p) => p.name !== "X-Agentstate-Fence");
+    assert.match(disagreements(unfenced).join("\n"), /claim: the client fences it, the server takes no X-Agentstate-Fence/);
+    const map = structuredClone(d);
+    const many = map.paths["/v1/scopes/{kind}/{id}/get_many"]!.post!.responses["200"]!.content!["application/json"]!.schema;
+    (many.properties!.values!.additionalProperties as { properties: Record<string, unknown> }).properties.version = { type: "string" };
+    assert.match(disagreements(map).join("\n"), /get_many\.values\{\}\.version: the client reads integer, the server sends string/);
     const gone = structuredClone(d);
     delete gone.paths["/v1/runs/{run_id}/head"];
     assert.match(disagreements(gone).join("\n"), /GET \/v1\/runs\/\{run_id\}\/head: called by the client, not in/);

@@ -6,7 +6,10 @@
 
 import { NOT_CALLED, ROUTES, type Described, type Route } from "#internal/wire.js";
 
-type Schema = { type?: string | string[]; properties?: Record<string, Schema>; items?: Schema; anyOf?: Schema[] };
+type Schema = {
+  type?: string | string[]; properties?: Record<string, Schema>; required?: string[]; items?: Schema;
+  additionalProperties?: Schema | boolean; anyOf?: Schema[];
+};
 type Operation = {
   parameters?: { name: string; in: string }[];
   requestBody?: { content: Record<string, { schema: Schema }> };
@@ -43,13 +46,29 @@ function compare(desc: Described, s: Schema, where: string, problems: string[]):
     problems.push(`${where}: the client reads an object, the server sends ${typeName(s)}`);
     return;
   }
-  const props = s.properties ?? {};
   const fields = desc as Record<string, Described>;
+  if (Object.keys(fields).join() === "*") { // a map: every value of one shape
+    const values = s.additionalProperties;
+    if (typeof values !== "object" || s.properties !== undefined) {
+      problems.push(`${where}: the client reads a map, the server sends an object of named fields`);
+    } else {
+      compare(fields["*"]!, values, `${where}{}`, problems);
+    }
+    return;
+  }
+  const props = s.properties ?? {};
+  const required = new Set(s.required ?? []);
   for (const f of Object.keys(props)) if (!(f in fields)) problems.push(`${where}.${f}: sent by the server, unknown to the client's types`);
   for (const [f, d] of Object.entries(fields)) {
     const p = props[f];
-    if (p === undefined) problems.push(`${where}.${f}: in the client's types, not sent by the server`);
-    else compare(d, p, `${where}.${f}`, problems);
+    const optional = typeof d === "string" && d.endsWith("?");
+    if (p === undefined) {
+      problems.push(`${where}.${f}: in the client's types, not sent by the server`);
+      continue;
+    }
+    if (optional && required.has(f)) problems.push(`${where}.${f}: always sent by the server, optional in the client's types`);
+    if (!optional && !required.has(f)) problems.push(`${where}.${f}: the server may leave it out, the client's types say it is always there`);
+    compare(optional ? d.slice(0, -1) : d, p, `${where}.${f}`, problems);
   }
 }
 
@@ -80,6 +99,8 @@ export function disagreements(doc: Doc, routes: Route[] = clientRoutes(), notCal
       if (schema === undefined) problems.push(`${name}: no JSON answer in the document (${status})`);
       else compare(r.answer, schema, name, problems);
     }
+    const headers = new Set((op.parameters ?? []).filter((p) => p.in === "header").map((p) => p.name.toLowerCase()));
+    if (r.fence && !headers.has("x-agentstate-fence")) problems.push(`${name}: the client fences it, the server takes no X-Agentstate-Fence`);
     const query = new Set((op.parameters ?? []).filter((p) => p.in === "query").map((p) => p.name));
     for (const q of r.query ?? []) if (!query.has(q)) problems.push(`${name}: the client sends ?${q}, which the server does not take`);
     const body = bodyFields(op);

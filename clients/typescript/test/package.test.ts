@@ -85,11 +85,12 @@ describe("the packed tarball", () => {
 });
 
 describe("the README", () => {
-  it("its example type-checks and runs against a server", async () => {
+  /** The ```ts block under the heading `## {heading}`, type-checked and run against the server; what it printed. */
+  async function runExample(heading: string, name: string): Promise<string> {
     const readme = readFileSync(join(PKG, "README.md"), "utf8");
-    const example = /## Example\s+```ts\n([\s\S]*?)```/.exec(readme)?.[1];
-    assert.ok(example, "the README has a ```ts block under ## Example");
-    const dir = join(PKG, "build", "readme"); // inside the package: "agentstate" resolves to itself
+    const example = new RegExp(`## ${heading}\\n[\\s\\S]*?\`\`\`ts\\n([\\s\\S]*?)\`\`\``).exec(readme)?.[1];
+    assert.ok(example, `the README has a \`\`\`ts block under ## ${heading}`);
+    const dir = join(PKG, "build", "readme", name); // inside the package: "agentstate" resolves to itself
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, "example.ts"), example);
     writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
@@ -97,12 +98,46 @@ describe("the README", () => {
         typeRoots: [join(PKG, "node_modules", "@types")], rootDir: ".", outDir: "." },
       files: ["example.ts"] }));
     await run(process.execPath, [TSC, "-p", dir], PKG);
-    const printed = await run(process.execPath, [join(dir, "example.js")], PKG,
+    return run(process.execPath, [join(dir, "example.js")], PKG,
       { AGENTSTATE_URL: srv.url, AGENTSTATE_TOKEN: srv.token });
+  }
+
+  it("its example type-checks and runs against a server", async () => {
+    const printed = await runExample("Example", "example");
     assert.equal(printed, "history has 1 items; visit 1\n{ value: undefined, version: 0 }\n" +
       "written first by someone else: version 1\n");
     const db = connect(srv.url, { token: srv.token });
     assert.deepEqual(await db.scope("session", "s-42").slice("history"), [{ role: "user", content: "hi" }]);
     assert.equal(await db.scope("agent", "support-bot").get("visits"), 1);
+  });
+
+  it("its example of reads in one call type-checks and runs against a server", async () => {
+    const printed = await runExample("Reads in one call", "reads");
+    assert.equal(printed, "{ value: 'Asia/Tokyo', version: 2 } { value: undefined, version: 0 }\n" +
+      "tz Asia/Tokyo 2\n2 []\ntrue true\n[ '{\"seq\":0,\"type\":\"note\",\"text\":\"kept\"}' ]\n");
+  });
+
+  it("its example of following the feed type-checks and runs against a server", async () => {
+    assert.equal(await runExample("Following the feed", "feed"), "1 append history 0 1\n");
+  });
+
+  it("every ts block of it is one that these tests run", () => {
+    const readme = readFileSync(join(PKG, "README.md"), "utf8");
+    const run = ["Example", "Reads in one call", "Following the feed", "Fenced writes and calls that run once"];
+    const blocks = [...readme.matchAll(/^ *```ts$/gm)].map((m) => {
+      const headings = [...readme.slice(0, m.index).matchAll(/^## (.*)$/gm)];
+      return headings[headings.length - 1]?.[1];
+    });
+    assert.deepEqual(blocks.sort(), [...run].sort(), "one ts block under each heading the tests run, no other");
+  });
+
+  it("its example of fenced writes and once type-checks and runs against a server", async () => {
+    const printed = await runExample("Fenced writes and calls that run once", "once");
+    assert.equal(printed, "{ refunded: 2500 } { refunded: 2500 } 1\n" +
+      "not written: turn of this worker has ended\n");
+    const db = connect(srv.url, { token: srv.token });
+    const entries = await db.runs.entries("order-1001");
+    assert.deepEqual(entries.map((e) => [e.type, e.call_id, e.tool ?? e.result]),
+      [["tool_call", "refund-1001", "refund"], ["tool_result", "refund-1001", { refunded: 2500 }]]);
   });
 });

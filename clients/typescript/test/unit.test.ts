@@ -13,7 +13,7 @@ import {
   AgentStateError, CursorExpired, InvalidKey, InvalidValue, NotFound, RunNotFound, StorageError, connect,
 } from "agentstate";
 // Internal modules, by path: not part of the package's public surface.
-import { encode, parse } from "#internal/json.js";
+import { encode, parse, rawItems } from "#internal/json.js";
 import { EventParser } from "#internal/feed.js";
 import { segment } from "#internal/http.js";
 
@@ -214,6 +214,53 @@ describe("paths", () => {
     for (const k of [".", ".."]) {
       const u = new URL(`http://h/v1/scopes/app/x/keys/${segment(k)}/length`);
       assert.equal(u.pathname, `/v1/scopes/app/x/keys/~${k}/length`);
+    }
+  });
+});
+
+describe("fences", () => {
+  it("X-Agentstate-Fence names the turn on every write of a fenced scope, batch or run, and on no read", async () => {
+    const seen: { url: string; init: RequestInit }[] = [];
+    const answer = { version: 1, deleted: true, length: 1, items: [], touched: true, expires_at: null, cleared: 0,
+      values: {}, keys: [], next: null, results: [], written: true, status: "claimed", entry: {} };
+    const db = connect("http://x.invalid", { token: "t", fetch: fakeFetch(200, answer, seen) });
+    const fenceOf = (i: number) => new Headers(seen[i]!.init.headers).get("x-agentstate-fence");
+    const turn = { id: "t-7" }; // a Turn, or anything with the turn's id
+    const s = db.scope("agent", "a", { fence: turn });
+    const writes = [() => s.put("k", 1), () => s.putBytes("k", new Uint8Array(1)), () => s.delete("k"),
+      () => s.append("k", [1]), () => s.pop("k"), () => s.touch("k", 5), () => s.clear(),
+      () => db.state({ user: "u", fence: "t-7" }).user.put("k", 1),
+      () => { const b = db.batch({ fence: turn }); b.scope("app", "x").put("k", 1); return b.commit(); },
+      () => db.runs.write("r", [], null, { fence: turn }), () => db.runs.claim("r", "c", { fence: "t-7" }),
+      () => db.runs.settle("r", "c", { result: 1, fence: turn })];
+    for (const w of writes) {
+      seen.length = 0;
+      await w();
+      assert.deepEqual(seen.map((_, i) => fenceOf(i)), ["t-7"], String(w));
+    }
+    seen.length = 0;
+    await s.put("k", 1, { fence: "t-8" });
+    assert.equal(fenceOf(0), "t-8", "the write's own fence, not the scope's");
+    seen.length = 0;
+    for (const read of [() => s.get("k"), () => s.getMany(["k"]), () => s.items(), () => s.keys(), () => s.length("k")]) {
+      await read();
+    }
+    assert.deepEqual(seen.map((_, i) => fenceOf(i)), [null, null, null, null, null]);
+    seen.length = 0;
+    await db.scope("agent", "a").put("k", 1);
+    assert.equal(fenceOf(0), null, "an unfenced scope sends none");
+  });
+});
+
+describe("raw entries", () => {
+  it("cuts each item's text out of an answer, whatever its strings and nesting hold", () => {
+    const items = ['{"a":"x,y]}\\\\"}', '{"b":[1,{"c":"\\\\\\"],"}],"d":{}}', "[]", '"s"', "12345678901234567890", "null"];
+    for (const t of items) JSON.parse(t); // each is JSON
+    assert.deepEqual(rawItems(`{"entries":[${items.join(",")}]}`, "entries"), items);
+    assert.deepEqual(rawItems(` { "other" : [1,2] , "entries" : [ ${items.join(" ,\n ")} ] } `, "entries"), items);
+    assert.deepEqual(rawItems('{"entries":[]}', "entries"), []);
+    for (const bad of ['{"entries":{}}', '{"other":[]}', "[]", '{"entries":["x]}']) {
+      assert.throws(() => rawItems(bad, "entries"), SyntaxError, bad);
     }
   });
 });
