@@ -179,9 +179,23 @@ CREATE TABLE token (
     hash       TEXT    PRIMARY KEY,  -- sha256 of the token, hex
     name       TEXT    NOT NULL,     -- the principal it acts as
     admin      INTEGER NOT NULL CHECK (admin IN (0, 1)),
-    created_at TEXT    NOT NULL
+    created_at TEXT    NOT NULL,
+    grants     TEXT,   -- SPEC §15: a JSON array of rules ("thread:t-1=rw"); NULL: no grants
+    expires_at REAL    -- unix time from which the token is unknown; NULL: never
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX token_by_name ON token (name);
+
+-- Sign-ins of the pages at /ui (SPEC §15), kept here so that every server of
+-- the store knows them. Only a hash of the sign-in id (the browser's cookie)
+-- is kept. A sign-in ends at sign-out, when expires_at passes (each use moves
+-- it on, now and then), and with its token: revoking it deletes the row.
+CREATE TABLE signin (
+    hash       TEXT PRIMARY KEY,  -- sha256 of the sign-in id, hex
+    token      TEXT NOT NULL REFERENCES token (hash) ON DELETE CASCADE,
+    expires_at REAL NOT NULL      -- unix time
+) STRICT, WITHOUT ROWID;
+CREATE INDEX signin_by_token ON signin (token);
+CREATE INDEX signin_expiry ON signin (expires_at);
 
 -- Views for people using the sqlite3 shell.
 

@@ -253,9 +253,23 @@ CREATE TABLE token (
     hash       text COLLATE "C" PRIMARY KEY,  -- sha256 of the token, hex
     name       text COLLATE "C" NOT NULL,     -- the principal it acts as
     admin      boolean NOT NULL,
-    created_at timestamptz NOT NULL
+    created_at timestamptz NOT NULL,
+    grants     text,        -- SPEC §15: a JSON array of rules ("thread:t-1=rw"); NULL: no grants
+    expires_at timestamptz  -- from then on the token is unknown; NULL: never
 );
 CREATE INDEX token_by_name ON token (name);
+
+-- Sign-ins of the pages at /ui (SPEC §15), kept here so that every server of
+-- the store knows them. Only a hash of the sign-in id (the browser's cookie)
+-- is kept. A sign-in ends at sign-out, when expires_at passes (each use moves
+-- it on, now and then), and with its token: revoking it deletes the row.
+CREATE TABLE signin (
+    hash       text COLLATE "C" PRIMARY KEY,  -- sha256 of the sign-in id, hex
+    token      text COLLATE "C" NOT NULL REFERENCES token (hash) ON DELETE CASCADE,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX signin_by_token ON signin (token);
+CREATE INDEX signin_expiry ON signin (expires_at);
 
 -- One change, as the write functions collect them.
 CREATE TYPE change_row AS (

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _changes
+from . import _changes, _grants
 from ._batch import Batch
 from ._changes import Change
 from ._encoding import check_key, fs_path
 from ._scope import Scope, State
 from ._runs import RunStore
 from ._sessions import Principal, Sessions
-from .backends.base import SETTINGS, Ops
+from .backends.base import SETTINGS, TOKEN_ID, Ops
 from .errors import InvalidValue, UsageError
 
 
@@ -323,23 +325,54 @@ class Tokens:
     def __init__(self, ops: Ops) -> None:
         self._ops = ops
 
-    def create(self, name: str, *, admin: bool = False) -> str:
-        """A new token acting as the principal ``name``; shown only now."""
+    def create(self, name: str, *, admin: bool = False, grants: Sequence[str] | None = None,
+               expires: float | None = None) -> str:
+        """A new token acting as the principal ``name``; shown only now.
+
+        ``grants``: rules ``KIND:ID[=r|rw]`` (SPEC §15) limiting the scopes and runs the
+        token may use; None: every one. ``expires``: seconds from now after which the
+        token is unknown; None: never. Checked before anything is stored (InvalidValue).
+        """
         p = Principal(name, admin)
-        return self._ops.token_create(p.name, p.admin)
+        rules = _grants.parse(grants)
+        if rules is not None and p.admin:
+            raise InvalidValue("an admin token is never restricted by grants: give the grants "
+                               "to a token without admin")
+        if expires is not None and (isinstance(expires, bool) or not isinstance(expires, (int, float))
+                                    or not 0 < expires < 1e11):
+            raise InvalidValue(f"expires must be a number of seconds > 0, got {expires!r}")
+        return self._ops.token_create(p.name, p.admin, _grants.dumps(rules),
+                                      None if expires is None else float(expires))
 
     def principal(self, token: str) -> Principal | None:
-        """The principal a token acts as; None for an unknown token."""
+        """The principal a token acts as; None for an unknown (or expired) token."""
+        found = self._find(token)
+        return None if found is None else found[0]
+
+    def _find(self, token: str) -> tuple[Principal, tuple[_grants.Rule, ...] | None,
+                                         float | None] | None:
+        """(principal, its rules or None, seconds until it expires or None) of a live token."""
         if type(token) is not str or not 20 <= len(token) <= 200:
             return None
-        found = self._ops.token_principal(token)
-        return None if found is None else Principal(found[0], found[1])
+        found = self._ops.token_find(token)
+        if found is None:
+            return None
+        name, admin, rules, expires_in = found
+        return Principal(name, admin), _grants.loads(rules), expires_in
 
     def list(self) -> list[dict[str, Any]]:
-        """One entry per principal holding tokens: name, admin, tokens, created_at."""
-        return [{"name": n, "admin": bool(a), "tokens": k, "created_at": t}
-                for n, a, k, t in self._ops.token_list()]
+        """Every token (never the token itself): ``id`` (the start of its hash: it tells two
+        tokens of one principal apart), ``name``, ``admin``, ``grants`` (the rules, or None),
+        ``created_at`` and ``expires_at`` (ISO-8601 UTC; None: never; past: expired)."""
+        return [{"id": i, "name": n, "admin": bool(a), "grants": None if g is None else json.loads(g),
+                 "created_at": t, "expires_at": e}
+                for i, n, a, g, t, e in self._ops.token_list()]
 
-    def revoke(self, name: str) -> int:
-        """End every token of ``name``; how many there were."""
-        return self._ops.token_revoke(check_key(name, "principal name"))
+    def revoke(self, name: str, *, id: str | None = None) -> int:
+        """End every token of ``name`` (only the one ``id`` names, as ``list()`` shows it); how
+        many there were."""
+        check_key(name, "principal name")
+        if id is not None and (type(id) is not str or not re.fullmatch(f"[0-9a-f]{{{TOKEN_ID}}}", id)):
+            raise InvalidValue(f"a token's id is {TOKEN_ID} hex digits, as tokens list shows it, "
+                               f"got {id!r}")
+        return self._ops.token_revoke(name, id or "")

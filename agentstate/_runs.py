@@ -250,10 +250,15 @@ class RunStore:
 
         :raises RunNotFound: ``after`` names no run (deleted since: list from the start).
         """
+        return self._list(after, limit)
+
+    def _list(self, after: str | None, limit: int | None,
+              grants: tuple[Any, ...] | None = None) -> builtins.list[SavedState]:
+        """``list()``; with ``grants`` (a token's rules, SPEC §15) only the runs they cover."""
         if after is not None:
             check_key(after, "run id")
         _check_count("limit", limit, allow_none=True)
-        rows = self._ops.run_list(after, limit)
+        rows = self._ops.run_list(after, limit, grants)
         out = []
         for run_id, created, updated, *fields, pinned in rows:
             task, turn, stopped_by, finished = (decode(f) if f is not None else None for f in fields)

@@ -108,7 +108,7 @@ def on_postgres(db) -> bool:
 
 
 PG_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
-             "feed_head", "change_pending", "change_new", "setting", "token")
+             "feed_head", "change_pending", "change_new", "setting", "token", "signin")
 
 
 def digest(db) -> str:

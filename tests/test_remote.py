@@ -325,9 +325,9 @@ def test_an_admin_token_naming_itself_acts_without_its_admin_rights(db):
         assert http.get("/v1/sessions", headers={"x-agentstate-principal": "svc"}).json()["sessions"] == []
         r = http.get(f"/v1/sessions/{other.id}", headers={"x-agentstate-principal": "svc"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-        assert http.get("/v1/whoami").json() == {"name": "svc", "admin": True}
+        assert http.get("/v1/whoami").json() == {"name": "svc", "admin": True, "grants": None}
         assert http.get("/v1/whoami", headers={"x-agentstate-principal": "svc"}).json() == \
-            {"name": "svc", "admin": False}
+            {"name": "svc", "admin": False, "grants": None}
 
 
 @pytest.mark.parametrize("how", ["watch", "awatch"])

@@ -20,15 +20,17 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from .._encoding import decode
+from .._grants import Rule
 from ..errors import Forbidden, InvalidTransition, NotFound, RunNotFound, UsageError
-from .base import Backend, Filters, Row, Sets, Stored, Ttl, call_state, iso, turn_live
+from .base import TOKEN_ID, Backend, Filters, Readable, Row, Sets, Stored, Ttl, call_state, iso, turn_live
 
 T = TypeVar("T")
 
 
-def token_digest(token: str) -> str:
-    """What is stored of a token: tokens are 256 random bits, so a plain sha256 suffices."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+def digest(secret: str) -> str:
+    """What is stored of a token or a sign-in id: they are 256 random bits, so a plain
+    sha256 suffices."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 _NO_TURN = nullcontext()
@@ -179,9 +181,10 @@ class LocalOps:
     def run_delete(self, run_id: str) -> bool:
         return self._write(self.runs.delete, run_id)
 
-    def run_list(self, after: str | None, limit: int | None) -> list[Row]:
+    def run_list(self, after: str | None, limit: int | None,
+                 grants: tuple[Rule, ...] | None = None) -> list[Row]:
         with self.store.snapshot() as c:
-            return self.runs.summaries(c, after, limit)
+            return self.runs.summaries(c, after, limit, grants)
 
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
         self._write(self.runs.fork, run_id, new_id, upto)
@@ -350,13 +353,14 @@ class LocalOps:
 
     # -- the change feed and settings -----------------------------------------
 
-    def feed_scan(self, since: int, limit: int, flt: Filters) -> tuple[list[Row], int]:
+    def feed_scan(self, since: int, limit: int, flt: Filters, readable: Readable | None = None,
+                  upto: int | None = None) -> tuple[list[Row], int]:
         """(change rows after since, head) from one snapshot.
 
         :raises CursorExpired: some change after ``since`` is no longer kept.
         """
         with self.store.snapshot() as c:
-            return self.feed.scan(c, since, limit, flt)
+            return self.feed.scan(c, since, limit, flt, readable, upto)
 
     def feed_head(self) -> int:
         return self._read(self.feed.head)
@@ -403,25 +407,40 @@ class LocalOps:
 
     # -- API tokens (SPEC §12) -------------------------------------------------
 
-    def token_create(self, name: str, admin: bool) -> str:
+    def token_create(self, name: str, admin: bool, grants: str | None,
+                     expires_in: float | None) -> str:
         """A new token for ``name``: returned once, only its hash is stored."""
         token = secrets.token_urlsafe(32)
-        self._write(self.tokens.create, token_digest(token), name, admin)
+        self._write(self.tokens.create, digest(token), name, admin, grants, expires_in)
         return token
 
-    def token_principal(self, token: str) -> tuple[str, bool] | None:
-        """(name, admin) of a valid token, or None."""
-        digest = token_digest(token)
-        row = self._read(self.tokens.find, digest)
-        if row is None or not hmac.compare_digest(row[0], digest):
+    def token_find(self, token: str) -> Row | None:
+        """(name, admin, grants, seconds until it expires or None) of a live token, or None."""
+        d = digest(token)
+        row = self._read(self.tokens.find, d)
+        if row is None or not hmac.compare_digest(row[0], d):
             return None
-        return row[1], bool(row[2])
+        return row[1], bool(row[2]), row[3], row[4]
 
     def token_list(self) -> list[Row]:
-        return self._read(self.tokens.names)
+        return [(h[:TOKEN_ID], *rest) for h, *rest in self._read(self.tokens.tokens)]
 
-    def token_revoke(self, name: str) -> int:
-        return self._write(self.tokens.revoke, name)
+    def token_revoke(self, name: str, token_id: str) -> int:
+        return self._write(self.tokens.revoke, name, token_id)
+
+    def signin_create(self, token: str, lifetime: float) -> str | None:
+        signin = secrets.token_urlsafe(32)
+        made = self._write(self.tokens.signin_create, digest(signin), digest(token), lifetime)
+        return signin if made else None
+
+    def signin_find(self, signin: str) -> Row | None:
+        return self._read(self.tokens.signin_find, digest(signin))
+
+    def signin_extend(self, signin: str, lifetime: float) -> None:
+        self._write(self.tokens.signin_extend, digest(signin), lifetime)
+
+    def signin_end(self, signin: str) -> None:
+        self._write(self.tokens.signin_end, digest(signin))
 
     # -- administration -------------------------------------------------------
 

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from .. import _turns
 from .. import errors as E
 from .._encoding import decode
+from .._grants import Rule
 from .base import Batched, Filters, KEEP, Row, Sets, Stored, Ttl
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -331,7 +332,10 @@ class RemoteOps:
     def run_delete(self, run_id: str) -> bool:
         return self._call("DELETE", f"/v1/runs/{_q(run_id)}")["deleted"]
 
-    def run_list(self, after: str | None, limit: int | None) -> list[Row]:
+    def run_list(self, after: str | None, limit: int | None,
+                 grants: tuple[Rule, ...] | None = None) -> list[Row]:
+        if grants is not None:  # the server applies its caller's own
+            raise E.UsageError("a remote store lists what its token may read: no grants here")
         return [(r["id"], r["created_at"], r["updated_at"], _dumps(r["task"]), _dumps(r["turn"]),
                  _dumps(r["stopped_by"]), _dumps(r["finished"]), r["pinned"])
                 for r in self._page("/v1/runs", "runs", after, limit)]
@@ -464,10 +468,13 @@ class RemoteOps:
 
     # -- the change feed and settings ---------------------------------------------------------------
 
-    def feed_scan(self, since: int, limit: int, flt: Filters) -> tuple[list[Row], int]:
+    def feed_scan(self, since: int, limit: int, flt: Filters, readable: Any = None,
+                  upto: int | None = None) -> tuple[list[Row], int]:
         """As the local scan: the first changes after ``since`` this token may see. The
         server leaves out what the caller may not see and says how far it read (``last``):
         an empty page with ``last`` past the cursor means only that, so ask on from there."""
+        if readable is not None or upto is not None:  # the server applies its caller's own
+            raise E.UsageError("a remote store's feed shows what its token may read: no filter here")
         cursor = since
         while True:
             d = self._call("GET", "/v1/changes", params={"since": cursor, "limit": limit, **flt})
@@ -554,17 +561,24 @@ class RemoteOps:
         raise E.UsageError("db.sql() is for local stores (a file, or a postgresql:// URL opened "
                            "with agentstate.open()): the HTTP API runs no SQL")
 
-    def token_create(self, name: str, admin: bool) -> str:
+    def token_create(self, name: str, admin: bool, grants: str | None,
+                     expires_in: float | None) -> str:
         return self._local_only("tokens create")
 
-    def token_principal(self, token: str) -> Any:
+    def token_find(self, token: str) -> Any:
         return self._local_only("tokens")
 
     def token_list(self) -> list[Row]:
         return self._local_only("tokens list")
 
-    def token_revoke(self, name: str) -> int:
+    def token_revoke(self, name: str, token_id: str) -> int:
         return self._local_only("tokens revoke")
+
+    # the pages' sign-ins are kept by the server, in its store
+    def signin_create(self, token: str, lifetime: float) -> Any: return self._local_only("serve")
+    def signin_find(self, signin: str) -> Any: return self._local_only("serve")
+    def signin_extend(self, signin: str, lifetime: float) -> None: self._local_only("serve")
+    def signin_end(self, signin: str) -> None: self._local_only("serve")
 
 
 def connect(url: str, token: str | None = None, *, timeout: float = 30.0) -> Any:

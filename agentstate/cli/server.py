@@ -7,7 +7,10 @@ from typing import Any
 
 import click
 
-from ._base import ARGS, Ctx, cli, fail, pass_obj, table
+import agentstate
+
+from .. import _grants
+from ._base import ARGS, Ctx, cli, duration, fail, pass_obj, table
 
 
 @cli.command()
@@ -54,28 +57,47 @@ def tokens() -> None:
 
 @tokens.command("create", context_settings=ARGS)
 @click.argument("name")
-@click.option("--admin", is_flag=True, help="The principal is an admin.")
+@click.option("--admin", is_flag=True, help="The principal is an admin (never limited by grants).")
+@click.option("--grant", "grants", multiple=True, metavar="RULE",
+              help="KIND:ID[=r|rw]: a scope kind or runs, an id, a prefix ending in * or *; "
+                   "r reads only, rw (the default) reads and writes. Repeat for more; with "
+                   "none the token may use every scope and run.")
+@click.option("--expires", metavar="DUR", callback=duration,
+              help="The token ends after DUR (90s, 30m, 12h, 30d); by default never.")
 @pass_obj
-def tokens_create(obj: Ctx, name: str, admin: bool) -> None:
+def tokens_create(obj: Ctx, name: str, admin: bool, grants: tuple[str, ...],
+                  expires: float | None) -> None:
     """Make a token for the principal NAME and print it (once: it is not stored)."""
-    token = obj.open(create=True).tokens.create(name, admin=admin)
-    obj.out({"name": name, "admin": admin, "token": token}, token)
+    agentstate.Principal(name, admin)  # bad input refused before the file is created
+    rules = _grants.parse(grants or None)
+    if rules is not None and admin:  # the library says the same; here before the file exists
+        fail("invalid_value", "an admin token is never restricted by grants: drop --admin or "
+                              "the --grant rules")
+    if expires is not None and expires <= 0:
+        fail("invalid_value", "--expires must be a duration over 0")
+    token = obj.open(create=True).tokens.create(name, admin=admin, grants=grants or None,
+                                                 expires=expires)
+    obj.out({"name": name, "admin": admin, "grants": None if rules is None else [str(r) for r in rules],
+             "expires_in": expires, "token": token}, token)
 
 
 @tokens.command("list")
 @pass_obj
 def tokens_list(obj: Ctx) -> None:
-    """Principals that hold tokens."""
+    """Every token: its id, principal, admin flag, grants, creation and expiry (never the
+    token itself)."""
     rows = obj.open().tokens.list()
-    obj.out(rows, table(("NAME", "ADMIN", "TOKENS", "SINCE"),
-                        [(r["name"], "yes" if r["admin"] else "no", r["tokens"], r["created_at"])
-                         for r in rows]))
+    obj.out(rows, table(("ID", "NAME", "ADMIN", "GRANTS", "CREATED", "EXPIRES"),
+                        [(r["id"], r["name"], "yes" if r["admin"] else "no",
+                          "(all)" if r["grants"] is None else " ".join(r["grants"]),
+                          r["created_at"], r["expires_at"] or "never") for r in rows]))
 
 
 @tokens.command("revoke", context_settings=ARGS)
 @click.argument("name")
+@click.option("--id", "token_id", metavar="ID", help="Only the token with this id (tokens list).")
 @pass_obj
-def tokens_revoke(obj: Ctx, name: str) -> None:
-    """End every token of the principal NAME."""
-    n = obj.open().tokens.revoke(name)
+def tokens_revoke(obj: Ctx, name: str, token_id: str | None) -> None:
+    """End every token of the principal NAME (or only one, with --id)."""
+    n = obj.open().tokens.revoke(name, id=token_id)
     obj.out({"revoked": n}, f"revoked {n} tokens of {name}")

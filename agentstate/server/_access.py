@@ -1,24 +1,75 @@
-"""Who may see a session's traces: the one rule for the API's key routes and batch, the
-change feed (long polls and streams) and the pages.
+"""Who may use what: the one place for the API's routes and batch, the change feed (long
+polls and streams) and the pages.
 
-SPEC §4 keeps a session to its owner (and admins), and a session's state lives in the
-plain ``session`` scope kind. A ``session:ID`` scope with no session behind it is a plain
-scope anyone may use — unless ID is, or was, a session's: see ``SessionRule.hidden``.
+- Grants (SPEC §15): a token with grants may use a scope or a run only where one of its
+  rules covers it (``need``; ``check_route`` for a route's own ids, before its handler
+  runs). Admins and tokens without grants are not limited by them.
+- Sessions (SPEC §4) are their owner's (and admins'), whatever the grants. A session's
+  state lives in the plain ``session`` scope kind. A ``session:ID`` scope with no session
+  behind it is a plain scope anyone may use (a token with grants: where a rule covers it)
+  — unless ID is, or was, a session's: see ``SessionRule.hidden``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import agentstate
-from agentstate.errors import NotFound
+from agentstate import _grants
+from agentstate._encoding import check_key, check_kind
+from agentstate._grants import RUNS, Rule
+from agentstate.backends.base import SESSION_ID, Readable
+from agentstate.errors import Forbidden, NotFound
 
-# The only ids the store gives sessions (_ops.session_create: "s-" and a uuid4's hex).
-# They are random, so no id of this form names a plain scope by accident.
-SESSION_ID = re.compile(r"s-[0-9a-f]{32}")
 SEE_ALL = agentstate.Principal("agentstate-server", admin=True)
+Rules = tuple[Rule, ...] | None  # a token's grants; None: it has none
+# What a route needs (its Route_.grant): a read ("r") or a write ("rw") of the scope its
+# path names, or of the run; "session": SPEC §4's owner rule, checked by the store; "list",
+# "feed", "batch": the handler asks, for what the body or the store's rows name; "admin":
+# an admin route; "none": nothing beyond a valid token (or no token: auth "none").
+GRANTS = (("scope", "r"), ("scope", "rw"), ("run", "r"), ("run", "rw"), "session", "list",
+          "feed", "batch", "admin", "none")
+
+
+def may(p: agentstate.Principal, rules: Rules, kind: str, id: str, write: bool) -> bool:
+    """Whether ``p`` with ``rules`` may read (``write``: and write) the scope ``kind:id``
+    (kind ``runs``: the run ``id``) as far as grants go. An id of a session's form is the
+    session rule's to decide, never a grant's."""
+    if p.admin or rules is None:
+        return True
+    if kind == "session" and SESSION_ID.fullmatch(id):
+        return True  # its owner's without a grant; anyone else's by no grant (SessionRule)
+    return _grants.allows(rules, kind, id, write)
+
+
+def need(p: agentstate.Principal, rules: Rules, kind: str, id: str, write: bool) -> None:
+    """Forbidden (403, and nothing done) unless ``may``."""
+    if not may(p, rules, kind, id, write):
+        what = f"the run {id}" if kind == RUNS else f"the scope {kind}:{id}"
+        raise Forbidden(f"this token's grants do not let it {'write' if write else 'read'} "
+                        f"{what}")
+
+
+def check_route(grant: Any, p: agentstate.Principal | None, rules: Rules,
+                params: dict[str, str]) -> None:
+    """What the route's entry says it needs of the ids in its path, before its handler runs.
+    Bad ids are refused first, as the handler would (InvalidKey: 400 whoever asks)."""
+    if grant not in GRANTS:
+        raise Forbidden("this route states no grant: refused")  # tests/test_grants.py
+    if not isinstance(grant, tuple) or p is None:
+        return
+    what, mode = grant
+    if what == "scope":
+        kind, sid = check_kind(params["kind"]), check_key(params["id"], "scope id")
+    else:
+        kind, sid = RUNS, check_key(params["run_id"], "run id")
+    need(p, rules, kind, sid, mode == "rw")
+
+
+def readable(p: agentstate.Principal, rules: Rules) -> Readable | None:
+    """The feed filter of a caller with grants (the store applies it), else None."""
+    return None if p.admin or rules is None else Readable(p.name, rules)
 
 
 def of_a_session(c: agentstate.Change) -> str | None:
@@ -69,12 +120,23 @@ class SessionRule:
         if kind == "session" and self.hidden(p, [scope_id]):
             raise NotFound(f"no session {scope_id!r}")
 
-    def visible(self, p: agentstate.Principal, changes: list[Any]) -> list[Any]:
-        """The changes ``p`` may see, in order."""
+    def visible(self, p: agentstate.Principal, changes: list[Any], rules: Rules = None) -> list[Any]:
+        """The changes ``p`` (with ``rules``, its token's grants) may see, in order: the
+        session rule, and the grants. (For a caller with grants the store's query has
+        left out the rest already: ``readable``; this is the same rule, in Python.)"""
         if p.admin:
             return changes
         ids = {sid for c in changes if (sid := of_a_session(c)) is not None}
-        if not ids:
-            return changes
-        hidden = self.hidden(p, ids)
-        return [c for c in changes if of_a_session(c) not in hidden]
+        hidden = self.hidden(p, ids) if ids else set()
+        return [c for c in changes if _shown(c, p, rules, hidden)]
+
+
+def _shown(c: Any, p: agentstate.Principal, rules: Rules, hidden: set[str]) -> bool:
+    sid = of_a_session(c)
+    if sid is not None and sid in hidden:
+        return False
+    if c.topic == "run":
+        return may(p, rules, RUNS, c.scope_id, False)
+    if c.topic == "kv":
+        return may(p, rules, c.kind, c.scope_id, False)
+    return True  # a session's own change: the session rule alone

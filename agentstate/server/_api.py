@@ -1,9 +1,11 @@
 """The State API's core: the route entry, the one place that authenticates, a request's
 ``Call`` (its principal, its body parsed off the event loop), and the feed's notifier.
 
-A route's needs are stated once, in its ``Route_`` entry (``auth``, ``limit``, and later
-SPEC §15's grant); ``API.endpoint`` checks them before the handler runs, so no handler
-reaches the store for a caller the entry does not admit.
+A route's needs are stated once, in its ``Route_`` entry (``auth``, ``grant``, ``limit``);
+``API.endpoint`` checks them before the handler runs, so no handler reaches the store for
+a caller the entry does not admit. What a handler learns only from the body or the store
+(a batch's scopes, a fork's new run, the runs a list shows, the feed) it asks through the
+same rule (``Call.need``, ``Call.rules``: ``_access``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import agentstate
 from agentstate._encoding import check_key
 from agentstate.errors import Busy, Damaged, Forbidden, Unauthorized
 
+from . import _access
 from . import _http as h
 from . import _json
-from ._access import SessionRule
+from ._access import GRANTS, Rules, SessionRule
 from ._limits import LIMITS
 
 TOKEN_CACHE_S = 1.0  # a token's principal is looked up again after this: with the streams'
@@ -51,12 +54,17 @@ class Route_:
     answer: str = "object"  # a schema name in openapi.SCHEMAS
     errors: tuple[int, ...] = (400,)
     auth: str = "token"  # "none", "token" (any principal) or "admin"
+    grant: Any = None  # what a token with grants needs: one of _access.GRANTS (a test
+    # walks the table: a route without one is refused to every caller)
     limit: int = LIMITS.small_body  # bytes of body
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.auth in AUTH, self.auth
+        assert self.grant is None or self.grant in GRANTS, self.grant
+        if isinstance(self.grant, tuple) or self.grant in ("batch", "list"):  # a grant may refuse it
+            self.errors = tuple(sorted({*self.errors, 403}))
 
 
 class Notifier:
@@ -144,7 +152,7 @@ class API:
         self.rule = SessionRule(db)
         self.notifier = Notifier(db)
         self.waits = Waits()
-        self._tokens: dict[str, tuple[float, agentstate.Principal | None]] = {}
+        self._tokens: dict[str, tuple[float, tuple[agentstate.Principal, Rules] | None]] = {}
         self.routes: list[Route_] = []  # the route table, set by create_app
         self.document: bytes | None = None  # the OpenAPI document, made at its first request
         self._big: asyncio.Semaphore | None = None  # made on the server's own loop
@@ -155,31 +163,37 @@ class API:
             self._big = asyncio.Semaphore(LIMITS.big_bodies)
         return self._big
 
-    async def principal(self, request: Request) -> agentstate.Principal:
-        """The caller (a bearer token's principal, or whom an admin acts for); the one place
-        a token is checked. Unauthorized for a missing, unknown or revoked token."""
+    async def caller(self, request: Request) -> tuple[agentstate.Principal, Rules]:
+        """The caller (a bearer token's principal, or whom an admin acts for) and its token's
+        grants; the one place a token is checked. Unauthorized for a missing, unknown,
+        revoked or expired token."""
         token = h.bearer(request)
         now = time.monotonic()
         cached = self._tokens.get(token)
-        if cached is None or cached[0] < now:
-            found = await h.blocking(self.db.tokens.principal, token)
+        if cached is None or cached[0] <= now:
+            found = await h.blocking(self.db.tokens._find, token)
+            until = now + TOKEN_CACHE_S
+            if found is not None and found[2] is not None:  # it expires sooner than that
+                until = min(until, now + found[2])
             if len(self._tokens) > 4096:  # unknown tokens sprayed at us: bounded
                 self._tokens.clear()
-            self._tokens[token] = cached = (now + TOKEN_CACHE_S, found)
+            self._tokens[token] = cached = (until, None if found is None else found[:2])
         if cached[1] is None:
             raise Unauthorized("unknown token")
-        return h.acting(cached[1], request)
+        principal, rules = cached[1]
+        return h.acting(principal, request), rules
 
     def endpoint(self, route: Route_) -> Callable[[Request], Awaitable[Response]]:
         """The Starlette endpoint of ``route``: its needs checked, then its handler."""
 
         async def run(request: Request) -> Response:
-            p = None
+            p, rules = None, None
             if route.auth != "none":
-                p = await self.principal(request)
+                p, rules = await self.caller(request)
                 if route.auth == "admin" and not p.admin:
                     raise Forbidden(f"only an admin may do this ({p.name} is not one)")
-            c = Call(self, route, request, p)
+            c = Call(self, route, request, p, rules)
+            _access.check_route(route.grant, p, rules, c.params)
             try:
                 return await route.handler(self, c)
             finally:
@@ -193,15 +207,26 @@ class Call:
     """One request to one route."""
 
     def __init__(self, api: API, route: Route_, request: Request,
-                 p: agentstate.Principal | None) -> None:
+                 p: agentstate.Principal | None, rules: Rules = None) -> None:
         self.api, self.route, self.request = api, route, request
         self._p = p
+        self.rules = rules  # the token's grants (SPEC §15); None: it has none
         self._holds_big = False
 
     @property
     def p(self) -> agentstate.Principal:
         assert self._p is not None, "a route without auth has no principal"
         return self._p
+
+    def need(self, kind: str, id: str, write: bool) -> None:
+        """Forbidden unless the caller's grants let it read (``write``: and write) the scope
+        ``kind:id`` (kind ``runs``: the run ``id``): for ids a handler finds in the body."""
+        _access.need(self.p, self.rules, kind, id, write)
+
+    @property
+    def readable(self) -> Any:
+        """The feed filter of a caller with grants (``_access.readable``), else None."""
+        return _access.readable(self.p, self.rules)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -224,8 +249,8 @@ class Call:
 
     async def still(self) -> agentstate.Principal:
         """The caller again (a stream or long poll asks while it is open): Unauthorized or
-        Forbidden once its token is revoked."""
-        self._p = await self.api.principal(self.request)
+        Forbidden once its token is revoked or has expired."""
+        self._p, self.rules = await self.api.caller(self.request)
         return self._p
 
     async def _wait_turn(self) -> None:

@@ -16,13 +16,15 @@ import agentstate
 from agentstate import _changes
 from agentstate.errors import AgentStateError, CursorExpired
 
+from . import _access
 from . import _http as h
-from ._access import SessionRule
+from ._access import Rules, SessionRule
 from ._api import Notifier, change
 from ._limits import LIMITS
 
 KEEP_ALIVE_S = 15.0  # a comment line this often keeps proxies from closing an idle stream
 FEED_QUERY = ("topic", "kind", "scope_id", "key")
+WINDOW = 100_000  # seqs one read of a caller with grants scans at most (see read)
 
 
 def args(request: Any, default_limit: int = 1000) -> tuple[dict[str, Any], int]:
@@ -34,21 +36,30 @@ def args(request: Any, default_limit: int = 1000) -> tuple[dict[str, Any], int]:
 
 
 def read(db: agentstate.Database, rule: SessionRule, p: agentstate.Principal, since: int,
-         limit: int, flt: dict[str, Any]) -> tuple[list[agentstate.Change], int, bool]:
-    """(the changes after ``since`` that ``p`` may see, the cursor to go on from, whether more
-    may follow at once): one scan, then the session rule. Blocking.
+         limit: int, flt: dict[str, Any], rules: Rules = None
+         ) -> tuple[list[agentstate.Change], int, bool]:
+    """(the changes after ``since`` that ``p`` (with ``rules``, its token's grants) may see,
+    the cursor to go on from, whether more may follow at once): one scan, then the session
+    rule and the grants. Blocking.
+
+    For a caller with grants the store's query keeps only what it may read (``readable``),
+    so a token that sees little costs a scan in SQL, not a Python object per change; and
+    it scans at most ``WINDOW`` seqs per read, so no one read holds a snapshot for long.
 
     :raises CursorExpired: changes after ``since`` are no longer kept.
     """
     db._check_open()
     _changes.check_since(since, limit)
+    readable = _access.readable(p, rules)
+    upto = None if readable is None else since + WINDOW
     # _ops.feed_scan, not db.changes(): it also gives the head it scanned to (a public
     # db.changes_page(...) -> (changes, last) would be the cleaner call)
-    rows, head = db._ops.feed_scan(since, limit, flt)
+    rows, head = db._ops.feed_scan(since, limit, flt, readable, upto)
     found = [_changes.change(r) for r in rows]
     full = len(found) == limit
-    last = found[-1].seq if full else max(since, head)
-    return rule.visible(p, found), last, full
+    end = head if upto is None else min(head, upto)  # a window may end before the head
+    last = found[-1].seq if full else max(since, end)
+    return rule.visible(p, found, rules), last, full or end < head
 
 
 def error_event(e: AgentStateError) -> bytes:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import SETTINGS, check_cursor
+from ..._grants import RUNS, Rule
+from ..base import SETTINGS, Filters, Readable, check_cursor
 from .statements import READ, SEQUENCE, Conn
 
 __all__ = ["head", "scan", "settings", "set_setting"]
@@ -32,7 +33,8 @@ def head(c: Conn) -> int:
     return c.execute("SELECT last FROM feed_head").fetchone()[0]
 
 
-def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+def scan(c: Conn, since: int, limit: int, flt: Filters, readable: Readable | None = None,
+         upto: int | None = None) -> tuple[list[tuple[Any, ...]], int]:
     """(change rows after since, head) in the caller's snapshot.
 
     The committed changes are numbered first (``SEQUENCE``, sent with the
@@ -48,11 +50,43 @@ def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tup
     if since < top:
         check_cursor(since, top, SETTINGS["feed_retention"] if retention is None else retention,
                      first)
+    params: dict[str, Any] = {"since": since, "limit": limit, "upto": upto, **flt}
     where = "".join(f" AND {name} = %({name})s" for name in flt)
+    if upto is not None:
+        where += " AND seq <= %(upto)s"
+    if readable is not None:
+        where += " AND " + _readable(readable, params)
     rows = c.execute(
         f"SELECT {COLUMNS} FROM change WHERE seq > %(since)s{where} ORDER BY seq LIMIT %(limit)s",
-        {"since": since, "limit": limit, **flt}).fetchall()
+        params).fetchall()
     return rows, top
+
+
+def id_match(rule: Rule, column: str, params: dict[str, Any], name: str) -> str:
+    """SQL that is true where ``column`` is an id ``rule`` covers."""
+    if not rule.prefix:
+        params[name] = rule.id
+        return f"{column} = %({name})s"
+    if not rule.id:
+        return "true"
+    params[name] = rule.id
+    return f"starts_with({column}, %({name})s)"
+
+
+def _readable(r: Readable, params: dict[str, Any]) -> str:
+    """The changes a token with grants may read (base.Readable), as one condition."""
+    params["owner"] = r.owner
+    terms = ["(topic = 'session' OR (topic = 'kv' AND kind = 'session')) "
+             "AND scope_id IN (SELECT id FROM session WHERE owner = %(owner)s)"]
+    for i, rule in enumerate(r.rules):
+        match = id_match(rule, "scope_id", params, f"g{i}")
+        if rule.kind == RUNS:
+            terms.append(f"topic = 'run' AND {match}")
+        else:
+            params[f"k{i}"] = rule.kind
+            terms.append(f"topic = 'kv' AND kind = %(k{i})s AND {match}"
+                         + (" AND scope_id !~ '^s-[0-9a-f]{32}$'" if rule.kind == "session" else ""))
+    return "(" + " OR ".join(f"({t})" for t in terms) + ")"
 
 
 def settings(c: Conn) -> dict[str, Any]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..._encoding import same_json
+from ..._grants import RUNS, Rule
 from ...errors import HistoryGap, RunNotFound
+from . import feed
 from .statements import Conn
 
 Row = tuple[Any, ...]
@@ -92,20 +94,29 @@ def prune(c: Conn, cutoff: str, finished_only: bool) -> list[str]:
     return c.execute("SELECT run_prune(%s::timestamptz, %s)", (cutoff, finished_only)).fetchone()[0]
 
 
-def summaries(c: Conn, after: str | None, limit: int | None) -> list[Row]:
+def summaries(c: Conn, after: str | None, limit: int | None,
+              grants: tuple[Rule, ...] | None = None) -> list[Row]:
     """Runs' ids, times and snapshot summary fields, newest update first, after the run
-    ``after``; the run rows only (through run_by_update)."""
-    where = ""
+    ``after``; with ``grants``, only the runs a ``runs`` rule covers (SPEC §15); the run
+    rows only (through run_by_update)."""
+    params: dict[str, Any] = {"after": after, "limit": limit}
+    where = ["true"]
     if after is not None:
         if c.execute("SELECT 1 FROM run WHERE id = %s", (after,)).fetchone() is None:
             raise RunNotFound(f"no run {after!r} to list after (deleted since?): list from the start")
-        where = "WHERE (updated_at, id) < (SELECT updated_at, id FROM run WHERE id = %(after)s)"
+        where.append("(updated_at, id) < (SELECT updated_at, id FROM run WHERE id = %(after)s)")
+    if grants is not None:
+        rules = [r for r in grants if r.kind == RUNS]
+        if not rules:
+            return []
+        where.append("(" + " OR ".join(feed.id_match(r, "id", params, f"g{i}")
+                                       for i, r in enumerate(rules)) + ")")
     return c.execute(
         f"""SELECT id, iso_utc(created_at), iso_utc(updated_at), (snapshot -> 'task')::text,
                    (snapshot -> 'turn')::text, (snapshot -> 'stopped_by')::text,
                    (snapshot -> 'finished')::text, pinned
-            FROM run {where} ORDER BY updated_at DESC, id DESC LIMIT %(limit)s""",
-        {"after": after, "limit": limit}).fetchall()
+            FROM run WHERE {' AND '.join(where)} ORDER BY updated_at DESC, id DESC LIMIT %(limit)s""",
+        params).fetchall()
 
 
 def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:

@@ -20,7 +20,7 @@ from .errors import translate
 from .statements import first, quiet_rollback
 
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
-              "feed_head", "change_new", "change_pending", "setting", "token")
+              "feed_head", "change_new", "change_pending", "setting", "token", "signin")
 
 
 def schema_text() -> str:
@@ -46,10 +46,10 @@ def schema_function(name: str) -> str:
 
 
 def schema_object(name: str) -> str:
-    """The CREATE statement of one index or view of the schema, for a migration."""
-    m = re.search(rf"^CREATE (?:UNIQUE )?(?:INDEX|VIEW) {name} .*?;$", SCHEMA, re.S | re.M)
+    """The CREATE statement of one table, index or view of the schema, for a migration."""
+    m = re.search(rf"^CREATE (?:UNIQUE )?(?:TABLE|INDEX|VIEW) {name} .*?;$", SCHEMA, re.S | re.M)
     if m is None:
-        raise LookupError(f"schema_postgres.sql has no index or view {name}")
+        raise LookupError(f"schema_postgres.sql has no table, index or view {name}")
     return m.group(0)
 
 
@@ -63,13 +63,18 @@ def _v1_to_v2(c: psycopg.Connection) -> None:
 
 
 def _v2_to_v3(c: psycopg.Connection) -> None:
-    """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs."""
+    """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs, tokens'
+    grants and expiry and the pages' sign-ins (SPEC §15)."""
     c.execute(schema_object("run_entry_call"))
     c.execute("ALTER TABLE run ADD COLUMN pinned boolean NOT NULL DEFAULT false")
     for name in ("run_prune", "kv_clear", "run_pin", "turn_fence"):
         c.execute(schema_function(name))
     c.execute("DROP VIEW runs")
     c.execute(schema_object("runs"))
+    # SPEC §15: a token's grants and expiry; the pages' sign-ins, kept in the store
+    c.execute("ALTER TABLE token ADD COLUMN grants text, ADD COLUMN expires_at timestamptz")
+    for name in ("signin", "signin_by_token", "signin_expiry"):
+        c.execute(schema_object(name))
 
 
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the

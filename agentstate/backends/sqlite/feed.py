@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 
-from ..base import Conn, SETTINGS, check_cursor, iso, now_iso
+from ..._grants import RUNS, Rule
+from ..base import SETTINGS, Conn, Filters, Readable, check_cursor, iso, now_iso
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -52,15 +53,51 @@ def oldest(c: Conn) -> int | None:
     return row[0]
 
 
-def changes(c: Conn, since: int, limit: int, filters: dict[str, Any]) -> list[tuple[Any, ...]]:
+def changes(c: Conn, since: int, limit: int, filters: Filters, readable: Readable | None = None,
+            upto: int | None = None) -> list[tuple[Any, ...]]:
+    params: dict[str, Any] = {"since": since, "limit": limit, "upto": upto, **filters}
     where = "".join(f" AND {name} = :{name}" for name in filters)
+    if upto is not None:
+        where += " AND seq <= :upto"
+    if readable is not None:
+        where += " AND " + _readable(readable, params)
     return c.execute(
         f"SELECT {COLUMNS} FROM change WHERE seq > :since{where} ORDER BY seq LIMIT :limit",
-        {"since": since, "limit": limit, **filters},
-    ).fetchall()
+        params).fetchall()
 
 
-def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+SESSION_FORM = "s-" + "[0-9a-f]" * 32  # base.SESSION_ID as a GLOB
+
+
+def id_match(rule: Rule, column: str, params: dict[str, Any], name: str) -> str:
+    """SQL that is true where ``column`` is an id ``rule`` covers."""
+    if not rule.prefix:
+        params[name] = rule.id
+        return f"{column} = :{name}"
+    if not rule.id:
+        return "1"
+    params[name] = rule.id
+    return f"substr({column}, 1, {len(rule.id)}) = :{name}"  # ids are ASCII: chars are bytes
+
+
+def _readable(r: Readable, params: dict[str, Any]) -> str:
+    """The changes a token with grants may read (base.Readable), as one condition."""
+    params["owner"] = r.owner
+    terms = ["(topic = 'session' OR (topic = 'kv' AND kind = 'session')) "
+             "AND scope_id IN (SELECT id FROM session WHERE owner = :owner)"]
+    for i, rule in enumerate(r.rules):
+        match = id_match(rule, "scope_id", params, f"g{i}")
+        if rule.kind == RUNS:
+            terms.append(f"topic = 'run' AND {match}")
+        else:
+            params[f"k{i}"] = rule.kind
+            terms.append(f"topic = 'kv' AND kind = :k{i} AND {match}"
+                         + (f" AND scope_id NOT GLOB '{SESSION_FORM}'" if rule.kind == "session" else ""))
+    return "(" + " OR ".join(f"({t})" for t in terms) + ")"
+
+
+def scan(c: Conn, since: int, limit: int, flt: Filters, readable: Readable | None = None,
+         upto: int | None = None) -> tuple[list[tuple[Any, ...]], int]:
     """(change rows after since, head) in the caller's read transaction.
 
     :raises CursorExpired: some change after ``since`` is no longer kept.
@@ -68,7 +105,7 @@ def scan(c: Conn, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[tup
     top = head(c)
     if since < top:
         check_cursor(since, top, setting(c, "feed_retention"), oldest(c))
-    return changes(c, since, limit, flt), top
+    return changes(c, since, limit, flt, readable, upto), top
 
 
 def setting(c: Conn, name: str) -> Any:

@@ -6,6 +6,7 @@ from typing import Any
 
 
 from ..._encoding import same_json
+from ..._grants import RUNS, Rule
 from ...errors import HistoryGap, RunExists, RunNotFound
 from ..base import Conn, now_iso
 from . import feed
@@ -147,23 +148,31 @@ def prune(c: Conn, cutoff: str, finished_only: bool) -> list[str]:
     return ids
 
 
-def summaries(c: Conn, after: str | None, limit: int | None) -> list[tuple[Any, ...]]:
+def summaries(c: Conn, after: str | None, limit: int | None,
+              grants: tuple[Rule, ...] | None = None) -> list[tuple[Any, ...]]:
     """Runs' ids, times and snapshot summary fields, newest update first: those listed
-    after the run ``after`` (a page's last), at most ``limit``.
+    after the run ``after`` (a page's last), at most ``limit``; with ``grants``, only the
+    runs a ``runs`` rule covers (SPEC §15).
 
     Reads the run rows only (through run_by_update), never their histories.
     """
-    where = ""
+    params: dict[str, Any] = {"after": after, "limit": -1 if limit is None else limit}
+    where = ["1"]
     if after is not None:
         if c.execute("SELECT 1 FROM run WHERE id = ?", (after,)).fetchone() is None:
             raise RunNotFound(f"no run {after!r} to list after (deleted since?): list from the start")
-        where = "WHERE (updated_at, rowid) < (SELECT updated_at, rowid FROM run WHERE id = :after)"
+        where.append("(updated_at, rowid) < (SELECT updated_at, rowid FROM run WHERE id = :after)")
+    if grants is not None:
+        rules = [r for r in grants if r.kind == RUNS]
+        if not rules:
+            return []
+        where.append("(" + " OR ".join(feed.id_match(r, "id", params, f"g{i}")
+                                       for i, r in enumerate(rules)) + ")")
     return c.execute(
         f"""SELECT id, created_at, updated_at, snapshot -> '$.task', snapshot -> '$.turn',
                    snapshot -> '$.stopped_by', snapshot -> '$.finished', pinned
-            FROM run {where} ORDER BY updated_at DESC, rowid DESC LIMIT :limit""",
-        {"after": after, "limit": -1 if limit is None else limit},
-    ).fetchall()
+            FROM run WHERE {' AND '.join(where)} ORDER BY updated_at DESC, rowid DESC LIMIT :limit""",
+        params).fetchall()
 
 
 def pin(c: Conn, run_id: str, pinned: bool) -> bool:

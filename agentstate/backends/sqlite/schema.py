@@ -121,12 +121,20 @@ def _v2_to_v3(c: apsw.Connection, schema: str) -> None:
 
 def _v3_to_v4(c: apsw.Connection, schema: str) -> None:
     """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs (reads in
-    one call)."""
+    one call), tokens' grants and expiry and the pages' sign-ins (SPEC §15)."""
     c.execute(schema_object(schema, "run_entry_call"))
     c.execute("ALTER TABLE run ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0 "
               "CHECK (pinned IN (0, 1))")
     c.execute("DROP VIEW runs")
     c.execute(schema_object(schema, "runs"))
+    # SPEC §15: a token's grants and expiry; the pages' sign-ins, kept in the store
+    # (a file from 0.1 got its token table from this schema already, in _v1_to_v2)
+    have = {row[1] for row in c.execute("SELECT * FROM pragma_table_info('token')")}
+    for column in ("grants TEXT", "expires_at REAL"):
+        if column.split()[0] not in have:
+            c.execute(f"ALTER TABLE token ADD COLUMN {column}")
+    for name in ("signin", "signin_by_token", "signin_expiry"):
+        c.execute(schema_object(schema, name))
 
 
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {

@@ -15,7 +15,7 @@ from agentstate._runs import RunHead, parse_time
 from agentstate.errors import CursorExpired
 
 from .. import _json
-from .._access import SEE_ALL, SessionRule
+from .._access import SEE_ALL, Rules, SessionRule, need, readable
 from .._api import raw_object
 from .._api import stored as stored_text
 from .._limits import LIMITS
@@ -31,11 +31,18 @@ def size_of(value: Any) -> int:
 
 
 def scope(db: agentstate.Database, rule: SessionRule, kind: str, scope_id: str,
-          p: agentstate.Principal) -> agentstate.Scope:
-    """A scope, after the session rule: what the API's key routes would let ``p`` read."""
+          p: agentstate.Principal, rules: Rules = None) -> agentstate.Scope:
+    """A scope, after the grants and the session rule: what the API's key routes would let
+    ``p`` (with ``rules``, its token's grants) read."""
     s = db.scope(kind, scope_id)
+    need(p, rules, s.kind, s.id, False)
     rule.check(p, s.kind, s.id)
     return s
+
+
+def run_grants(p: agentstate.Principal, rules: Rules) -> Rules:
+    """The rules a list of runs must keep to: None for an admin or a token without grants."""
+    return None if readable(p, rules) is None else rules
 
 
 @dataclass
@@ -115,15 +122,16 @@ class Overview:
     shown: int = SHOWN
 
 
-def overview(db: agentstate.Database, rule: SessionRule, p: agentstate.Principal) -> Overview:
+def overview(db: agentstate.Database, rule: SessionRule, p: agentstate.Principal,
+             rules: Rules = None) -> Overview:
     """Counts (up to CAP), the turns that need eyes, the newest runs and changes: each a
     bounded read (the paged lists of SPEC §3/§4), whatever the size of the store."""
     head = db.last_change()
     turns = {name: db.sessions.turns_by_status(p, statuses, limit=CAP + 1)
              for name, statuses in SECTIONS.items()}
-    runs = db.runs.list(limit=CAP + 1)
+    runs = db.runs._list(None, CAP + 1, run_grants(p, rules))
     sessions = db.sessions.list(p, limit=CAP + 1)
-    latest = rule.visible(p, changes_window(db, head, 200)[0])[-20:]
+    latest = rule.visible(p, changes_window(db, head, 200)[0], rules)[-20:]
     counts = {"sessions": len(sessions), "runs": len(runs), "changes": head,
               "active turns": len(turns["active"]), "held turns": len(turns["held"]),
               "expired leases": len(turns["expired"])}

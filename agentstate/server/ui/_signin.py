@@ -2,19 +2,24 @@
 
 The browser holds only an opaque sign-in id, in a cookie that is HttpOnly (no
 script reads it), SameSite=Strict (no other site's page sends it) and scoped to
-``/ui``. The token it stands for stays in this process's memory and is checked
-against the store again every few seconds, so a revoked token signs the page
-out as fast as it stops the API, and ends the page's open stream too. Why not the token itself in the cookie: the
+``/ui``. The store keeps a hash of it, tied to the token's hash (SPEC §15), so
+every server of the store knows the sign-in: a browser signed in through one
+is signed in on all, and signing out through one signs out on all. A sign-in
+lapses after ``IDLE_S`` unused, ends at sign-out, and ends with its token
+(revoked: the store deletes it; expired: it is no longer found). Each server
+asks the store again every ``RECHECK_S``, so that happens within a second, and
+ends the page's open stream too. Why not the token itself in the cookie: the
 cookie jar, its logs and any proxy would then hold a credential that works
-against the whole API; a sign-in id works only here and dies with the server
-or at sign-out. The one write (deciding a turn) carries a per-sign-in CSRF
-token in a hidden field as well, and every POST must come from our own origin.
+against the whole API; a sign-in id works only here. The one write (deciding
+a turn) carries a CSRF token in a hidden field as well, derived from the
+sign-in id (``csrf_of``: any server computes it, none stores it, and it does
+not give the id away), and every POST must come from our own origin.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-import secrets
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -22,79 +27,84 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 
 import agentstate
+from agentstate import _grants
 
 from .. import _http as h
+from .._access import Rules
 
 COOKIE = "agentstate_ui"
-IDLE_S = 12 * 3600.0  # a sign-in nobody used for this long is forgotten
-RECHECK_S = 1.0  # the token is looked up again after this (a revoked token stops within it)
-MAX_SIGNINS = 10_000
+IDLE_S = 12 * 3600.0  # a sign-in nobody used for this long lapses
+EXTEND_S = 3600.0  # a sign-in's end moves on when it is used, at most this often (a write)
+RECHECK_S = 1.0  # the store is asked again after this (a revoked token stops within it)
+MAX_CACHED = 10_000  # sign-ins this process remembers between checks
+
+
+def csrf_of(sid: str) -> str:
+    """The CSRF token of a sign-in: a hash of its id under a label of its own, so a page
+    that shows it gives neither the id nor the hash the store keeps."""
+    return hashlib.sha256(b"agentstate-ui-csrf:" + sid.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
 class SignIn:
-    sid: str
-    token: str
+    sid: str  # the cookie's value (the store holds its hash)
     csrf: str
     principal: agentstate.Principal
-    checked: float
-    used: float
+    rules: Rules  # the token's grants (SPEC §15)
+    checked: float  # when the store last said it stands (monotonic)
 
 
 class SignIns:
-    """The server-side sign-ins of one server process (lost on restart: sign in again)."""
+    """The sign-ins of the store, as this server process sees them: the store's answer,
+    remembered for ``RECHECK_S``."""
 
     def __init__(self, db: agentstate.Database) -> None:
         self.db = db
-        self._by_id: dict[str, SignIn] = {}
+        self._seen: dict[str, SignIn] = {}
 
     async def start(self, token: str) -> str | None:
         """A new sign-in id for a valid token, else None."""
-        principal = await h.blocking(self.db.tokens.principal, token) if token else None
-        if principal is None:
+        if not 20 <= len(token) <= 200:
             return None
-        now = time.monotonic()
-        self._forget_idle(now)
-        sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = SignIn(sid, token, secrets.token_urlsafe(32), principal, now, now)
-        return sid
+        return await h.blocking(self.db._ops.signin_create, token, IDLE_S)
 
-    def end(self, request: Request) -> None:
-        self._by_id.pop(request.cookies.get(COOKIE, ""), None)
+    async def end(self, request: Request) -> None:
+        sid = request.cookies.get(COOKIE, "")
+        self._seen.pop(sid, None)
+        if sid:
+            await h.blocking(self.db._ops.signin_end, sid)
 
     async def find(self, request: Request) -> SignIn | None:
-        """The request's sign-in, its token re-checked when due; None when signed out."""
+        """The request's sign-in, asked of the store when due; None when signed out."""
         sid = request.cookies.get(COOKIE, "")
-        s = self._by_id.get(sid)
-        now = time.monotonic()
-        if s is None or now - s.used > IDLE_S:
-            self._by_id.pop(sid, None)
+        if not 20 <= len(sid) <= 100:
             return None
-        return await self.recheck(s)
+        s = self._seen.get(sid)
+        return await (self.recheck(s) if s is not None else self._ask(sid))
 
     async def recheck(self, s: SignIn) -> SignIn | None:
-        """``s`` if it still stands (not signed out, its token not revoked), else None: what
-        an open stream asks every second."""
-        if self._by_id.get(s.sid) is not s:
-            return None  # signed out, or forgotten
-        now = time.monotonic()
-        if now - s.checked > RECHECK_S:
-            principal = await h.blocking(self.db.tokens.principal, s.token)
-            if principal is None:  # revoked
-                self._by_id.pop(s.sid, None)
-                return None
-            s.principal, s.checked = principal, now
-        s.used = now
-        return s
+        """``s`` if it still stands (not signed out, lapsed, or its token revoked or
+        expired: through any server), else None: what an open stream asks every second."""
+        if time.monotonic() - s.checked <= RECHECK_S and self._seen.get(s.sid) is s:
+            return s
+        return await self._ask(s.sid)
 
-    def _forget_idle(self, now: float) -> None:
-        if len(self._by_id) < MAX_SIGNINS:
-            return
-        for sid, s in list(self._by_id.items()):
-            if now - s.used > IDLE_S:
-                del self._by_id[sid]
-        while len(self._by_id) >= MAX_SIGNINS:  # still full: the least recently used go
-            del self._by_id[min(self._by_id, key=lambda k: self._by_id[k].used)]
+    async def _ask(self, sid: str) -> SignIn | None:
+        now = time.monotonic()
+        row = await h.blocking(self.db._ops.signin_find, sid)
+        if row is None:
+            self._seen.pop(sid, None)
+            return None
+        _token, name, admin, grants, token_left, left = row
+        checked = now if token_left is None else min(now, now + token_left - RECHECK_S)
+        s = SignIn(sid, csrf_of(sid), agentstate.Principal(name, bool(admin)),
+                   _grants.loads(grants), checked)
+        if left < IDLE_S - EXTEND_S:  # used: it lapses IDLE_S from now (a write an hour)
+            await h.blocking(self.db._ops.signin_extend, sid, IDLE_S)
+        if len(self._seen) >= MAX_CACHED:
+            self._seen.clear()  # a cache: the store has them all
+        self._seen[sid] = s
+        return s
 
 
 def csrf_ok(s: SignIn, sent: str) -> bool:

@@ -23,6 +23,10 @@ import agentstate
 from agentstate.errors import (AgentStateError, CursorExpired, InvalidValue, NotFound, TooLarge,
                                Unauthorized)
 
+from agentstate._encoding import check_key
+from agentstate._grants import RUNS
+
+from .. import _access as access
 from .. import _feedread as feed
 from .. import _http as h
 from .. import _json
@@ -159,7 +163,7 @@ class UI:
         signin = await self.signins.find(request)
         if signin is not None and same_origin(request) and \
                 csrf_ok(signin, (await self.form(request, SIGNIN_FORM)).get("csrf", "")):
-            self.signins.end(request)
+            await self.signins.end(request)
         r = RedirectResponse("/ui/login", 303, headers=HEADERS)
         r.delete_cookie(COOKIE, path="/ui")
         return r
@@ -167,17 +171,21 @@ class UI:
     # -- pages ------------------------------------------------------------------------
 
     async def overview(self, request: Request, s: SignIn) -> Response:
-        o = await h.blocking(pages.overview, self.db, self.api.rule, s.principal)
+        o = await h.blocking(pages.overview, self.db, self.api.rule, s.principal, s.rules)
         return await self.render(request, "overview.html", s, o=o, watch="*")
 
     async def runs(self, request: Request, s: SignIn) -> Response:
         after = request.query_params.get("after") or None
-        rows = await h.blocking(lambda: self.db.runs.list(after=after, limit=pages.PAGE + 1))
+        if after is not None:
+            access.need(s.principal, s.rules, RUNS, after, False)
+        rows = await h.blocking(lambda: self.db.runs._list(after, pages.PAGE + 1,
+                                                           pages.run_grants(s.principal, s.rules)))
         return await self.render(request, "runs.html", s, runs=rows[:pages.PAGE], after=after,
                            next=_next(rows), watch="run")
 
     async def run(self, request: Request, s: SignIn) -> Response:
         run_id = request.path_params["run_id"]
+        access.need(s.principal, s.rules, RUNS, check_key(run_id, "run id"), False)
         before = h.query_int(request, "before")
         rp = await h.blocking(pages.run_page, self.db, run_id, before)
         if _as_json(request):  # as stored: what the page shows may be cut
@@ -192,6 +200,7 @@ class UI:
 
     async def snapshot(self, request: Request, s: SignIn) -> Response:
         run_id = request.path_params["run_id"]
+        access.need(s.principal, s.rules, RUNS, check_key(run_id, "run id"), False)
         snap, raw = await h.blocking(pages.snapshot_page, self.db, run_id)
         if _as_json(request):
             return await self.raw(raw)
@@ -274,7 +283,7 @@ class UI:
 
         def read() -> list[Any]:
             recent, _ = pages.changes_window(self.db, head, 2000, topic="kv")
-            return self.api.rule.visible(s.principal, recent)
+            return self.api.rule.visible(s.principal, recent, s.rules)
 
         seen: dict[tuple[str, str], Any] = {}
         for c in reversed(await h.blocking(read)):
@@ -287,7 +296,8 @@ class UI:
         after = request.query_params.get("after") or None
 
         def read() -> Any:
-            return _keys(self.db, pages.scope(self.db, self.api.rule, kind, sid, s.principal), after)
+            return _keys(self.db, pages.scope(self.db, self.api.rule, kind, sid, s.principal,
+                                              s.rules), after)
 
         keys = await h.blocking(read)
         return await self.render(request, "scope.html", s, kind=kind, sid=sid, keys=keys, after=after,
@@ -298,7 +308,7 @@ class UI:
         start = h.query_int(request, "start", 0) or 0
 
         def read() -> dict[str, Any]:
-            sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal)
+            sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal, s.rules)
             row = pages.stored(self.db, sc, key)
             if row is None:
                 raise NotFound(f"no key {key!r} in {kind}:{sid}")
@@ -332,7 +342,8 @@ class UI:
         upto = head if before is None or before > head else before - 1
         def read() -> tuple[list[Any], bool]:
             rows, purged = pages.changes_window(self.db, upto, pages.PAGE)
-            return self.api.rule.visible(s.principal, rows), purged  # others' sessions left out
+            # others' sessions, and what the token's grants do not cover, left out
+            return self.api.rule.visible(s.principal, rows, s.rules), purged
 
         rows, purged = await h.blocking(read)
         older = upto - pages.PAGE + 1 if upto > pages.PAGE and not purged else None
@@ -354,7 +365,7 @@ class UI:
         db, rule, signin = self.db, self.api.rule, s
 
         def read_from(cursor: int) -> Any:
-            return feed.read(db, rule, signin.principal, cursor, STREAM_PAGE, {})
+            return feed.read(db, rule, signin.principal, cursor, STREAM_PAGE, {}, signin.rules)
 
         async def still() -> None:
             if await self.signins.recheck(signin) is None:

@@ -30,8 +30,10 @@ async def info(api: API, c: Call) -> Response:
 
 
 async def whoami(api: API, c: Call) -> Response:
-    """The principal the request acts as (the remote client asks once)."""
-    return h.JSON({"name": c.p.name, "admin": c.p.admin})
+    """The principal the request acts as (the remote client asks once), and its token's
+    grants (SPEC §15; null: none)."""
+    return h.JSON({"name": c.p.name, "admin": c.p.admin,
+                   "grants": None if c.rules is None else [str(r) for r in c.rules]})
 
 
 async def health(api: API, c: Call) -> Response:

@@ -1,7 +1,7 @@
 """The change feed over HTTP (SPEC §9, §12): a page, a long poll, a stream of events.
 
-Whatever a reader is shown passes the session rule (``_access``); its cursor moves past
-what it scanned (``_feedread``). A long poll or stream checks its caller's token again
+Whatever a reader is shown passes the session rule and its token's grants (``_access``);
+its cursor moves past what it scanned (``_feedread``). A long poll or stream checks its caller's token again
 every ``LIMITS.stream_recheck`` seconds while it is open, and ends (401) once revoked.
 """
 
@@ -57,7 +57,7 @@ async def _poll(api: API, c: Call, read: Any, since: int, limit: int, flt: dict[
                 deadline: float, gone: asyncio.Future[None] | None) -> Response:
     while True:
         event = api.notifier.event  # before the read: a change during it is not missed
-        shown, since, more = await h.blocking(read, c.p, since, limit, flt)
+        shown, since, more = await h.blocking(read, c.p, since, limit, flt, c.rules)
         left = deadline - time.monotonic()
         if shown or left <= 0 or api.notifier.closing or (gone and gone.done()):
             return await c.answer({"changes": [change(x) for x in shown], "last": since})
@@ -80,7 +80,7 @@ async def changes_stream(api: API, c: Call) -> Response:
     p = c.p
 
     def read_from(cursor: int) -> Any:
-        return feed.read(api.db, api.rule, p, cursor, limit, flt)
+        return feed.read(api.db, api.rule, p, cursor, limit, flt, c.rules)
 
     first = await h.blocking(read_from, since)  # a bad cursor: its status, before the 200
 

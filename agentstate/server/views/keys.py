@@ -8,7 +8,7 @@ from typing import Any
 from starlette.responses import Response
 
 import agentstate
-from agentstate._encoding import check_key
+from agentstate._encoding import check_key, check_kind
 from agentstate._scope import KEEP
 from agentstate.errors import InvalidValue, NotFound, TooLarge
 
@@ -133,16 +133,20 @@ def _count_ops(data: dict[str, Any]) -> None:
 
 async def batch(api: API, c: Call) -> Response:
     b = await c.json(BatchBody, check=_count_ops)
-    sessions = {op.scope.partition(":")[2] for op in b.ops if op.scope.startswith("session:")}
+    scopes = []
+    for op in b.ops:  # every op's scope checked before anything is applied: all or none
+        kind, sep, sid = op.scope.partition(":")
+        if not sep:
+            raise agentstate.InvalidKey(f"scope must be KIND:ID, got {op.scope!r}")
+        scopes.append((check_kind(kind), check_key(sid, "scope id")))
+        c.need(kind, sid, True)
+    sessions = {sid for kind, sid in scopes if kind == "session"}
     if await h.blocking(api.rule.hidden, c.p, sessions):  # as absent here as anywhere else
         raise NotFound("no session: a batch op names a session this principal may not use")
 
     def apply() -> list[Any]:
         with c.db.batch() as bt:
-            for op in b.ops:
-                kind, sep, sid = op.scope.partition(":")
-                if not sep:
-                    raise agentstate.InvalidKey(f"scope must be KIND:ID, got {op.scope!r}")
+            for op, (kind, sid) in zip(b.ops, scopes):
                 target = bt.scope(kind, sid)
                 if op.op == "put":
                     target.put(op.key, op.value, if_version=op.if_version, ttl=op.ttl)

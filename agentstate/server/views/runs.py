@@ -1,5 +1,6 @@
 """Runs (SPEC §3): history entries and snapshots. Runs have no owner: any token reads and
-writes them; pruning (which may delete every run) is for admins, as for sessions."""
+writes them (a token with grants: those its ``runs`` rules cover, SPEC §15); pruning (which
+may delete every run) is for admins, as for sessions."""
 
 from __future__ import annotations
 
@@ -30,8 +31,13 @@ def _summary(r: agentstate.SavedState) -> dict[str, Any]:
 
 
 async def runs_list(api: API, c: Call) -> Response:
+    """The runs the caller may read: with grants, those a ``runs`` rule covers (the store's
+    query leaves out the others, so a page is full when more follow)."""
     after, limit = page(c)
-    runs = await h.blocking(api.db.runs.list, after=after, limit=limit)
+    rules = None if c.readable is None else c.rules
+    if after is not None:  # even whether it exists is not for a token that may not read it
+        c.need("runs", _run_id(after), False)
+    runs = await h.blocking(api.db.runs._list, after, limit, rules)
     return await c.answer({"runs": [_summary(r) for r in runs], "next": next_after(runs, limit)})
 
 
@@ -105,6 +111,7 @@ async def run_load(api: API, c: Call) -> Response:
 
 async def run_fork(api: API, c: Call) -> Response:
     b = await c.json(ForkBody)
+    c.need("runs", _run_id(b.new_id), True)  # the route's entry checked the run forked
     await h.blocking(api.db.runs.fork, c.params["run_id"], b.new_id, upto=b.upto)
     return h.JSON({"id": b.new_id})
 
