@@ -22,7 +22,7 @@ from langgraph.graph.message import add_messages
 import agentstate
 from agentstate.integrations.langgraph import AgentStateSaver, AgentStateStore
 from agentstate.integrations.langgraph._common import descending, esc, unesc
-from agentstate.integrations.langgraph.checkpoint import _names
+from agentstate.integrations.langgraph._layout import names
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ def test_a_real_graph_reads_back_as_with_the_in_memory_saver(saver):
     mine = [s.values for s in ours.get_state_history(cfg)]
     assert mine == [s.values for s in theirs.get_state_history(cfg)] and len(mine) == 120
     scope = saver._scope("chat")
-    newest = scope.get(scope.list("c..", limit=1)[0])
+    newest = scope.get(next(k for k in scope.list("c..") if k.endswith(".r")))
     assert len(newest["channels"]["messages"]["segs"]) <= 10
 
 
@@ -229,9 +229,9 @@ def test_a_checkpoint_id_with_other_content_is_refused(saver):
 
 def test_a_record_of_a_newer_format_is_refused(saver):
     stored = saver.put(config("f"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0}, {"v": 1})
-    scope, key = saver._scope("f"), _names("", cid(1))[1]
+    scope, key = saver._scope("f"), names("", cid(1))[1] + ".r"
     record = scope.get(key)
-    scope.put(key, {**record, "format": 2})
+    scope.put(key, {**record, "format": 3})
     with pytest.raises(agentstate.SchemaTooNew):
         saver.get_tuple(stored)
 
@@ -251,8 +251,8 @@ def test_prune_and_delete_for_runs_keep_the_bytes_survivors_use(db, saver):
     assert only.checkpoint["channel_values"]["docs"] == "D" * 5000
     assert only.pending_writes == [("task-4", "messages", "pending 4")]
     scope = saver._scope("p")
-    kept = _names("", only.checkpoint["id"])[1]
-    assert [k for k in scope.list("c.")] == [kept, f"{kept}.w.task-4.0"]
+    kept = names("", only.checkpoint["id"])[1]
+    assert [k for k in scope.list("c.")] == [f"{kept}.p", f"{kept}.r"]
     saver.delete_thread("p")
     assert scope.list("") == [] and list(saver.list(None)) == []
     assert db.scope("app", "langgraph.saver").list("") == []

@@ -9,12 +9,18 @@
   for one value), so nothing is too large to store.
 - ``conn_string``: open an agentstate file where LangGraph's SQLite classes
   take a path (``from_conn_string``), including ``":memory:"``.
+- ``on_pool``: where a sync call runs. LangGraph runs a step's checkpoint
+  writes on threads it has just started, and an agentstate ``Database``
+  opens one connection per thread (about 2 ms each under load): a call from a
+  thread new to the adapters runs on a small pool of long-lived threads of
+  the database instead, which keep theirs (benchmarks/ADAPTER-LANGGRAPH.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import functools
 import hashlib
 import json
@@ -22,6 +28,7 @@ import shutil
 import string
 import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -227,3 +234,60 @@ def in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
     twin.__name__ = twin.__qualname__ = "a" + fn.__name__
     twin.__doc__ = f"Async twin of ``{fn.__name__}``, run in a worker thread.\n\n{fn.__doc__ or ''}"
     return twin
+
+
+# -- which thread a sync call runs on -------------------------------------------------
+
+POOL_THREADS = 4  # at most this many calls of one database's adapters run on the pool at once
+DIRECT_AFTER = 16  # a thread that made this many calls is long-lived: it keeps its own connection
+
+_here = threading.local()
+_pools: weakref.WeakKeyDictionary[agentstate.Database, concurrent.futures.ThreadPoolExecutor] = \
+    weakref.WeakKeyDictionary()
+_pools_lock = threading.Lock()
+
+
+def _mark_pool_thread() -> None:
+    _here.calls = DIRECT_AFTER
+
+
+def _direct() -> bool:
+    """Whether this thread runs its calls itself: the main thread, the pool's threads,
+    and any thread once it has made DIRECT_AFTER calls (it is not a throwaway)."""
+    n = getattr(_here, "calls", 0)
+    if n >= DIRECT_AFTER:
+        return True
+    if threading.current_thread() is threading.main_thread():
+        _here.calls = DIRECT_AFTER
+        return True
+    _here.calls = n + 1
+    return False
+
+
+def pool(db: agentstate.Database) -> concurrent.futures.ThreadPoolExecutor:
+    """The database's pool for the adapters' calls (made at first use; its idle threads
+    end when the database object is dropped)."""
+    with _pools_lock:
+        found = _pools.get(db)
+        if found is None:
+            found = _pools[db] = concurrent.futures.ThreadPoolExecutor(
+                POOL_THREADS, thread_name_prefix="agentstate-langgraph",
+                initializer=_mark_pool_thread)
+            weakref.finalize(db, found.shutdown, wait=False)
+        return found
+
+
+def on_pool(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A sync method that runs in the calling thread if that thread keeps its connection
+    (``_direct``), else on the database's pool, waiting for it there. The object must
+    have ``db``. (Not for a caller inside ``db.transaction()`` in a fresh thread: the
+    pool's thread would wait for that transaction's lock.)"""
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _direct():
+            return fn(self, *args, **kwargs)
+        return pool(self.db).submit(fn, self, *args, **kwargs).result()
+
+    method.__wrapped__ = fn  # type: ignore[attr-defined]
+    return method
