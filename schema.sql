@@ -88,11 +88,11 @@ CREATE TABLE run_entry (
 -- The tool calls of a run by call id (SPEC §14: once() finds a call's newest
 -- tool_call or tool_result with one probe, whatever the run's length). Partial:
 -- only those entries are indexed. A query must repeat both expressions as written.
--- iif(json_valid(...)): an entry changed by hand into something that is not JSON
+-- json_valid(...) first: an entry changed by hand into something that is not JSON
 -- is still stored (and check() and load() say it is damaged), not refused here.
 CREATE INDEX run_entry_call
-ON run_entry (run_id, iif(json_valid(entry), json_extract(entry, '$.call_id'), NULL))
-WHERE iif(json_valid(entry), json_extract(entry, '$.type'), NULL) IN ('tool_call', 'tool_result');
+ON run_entry (run_id, CASE WHEN json_valid(entry) THEN json_extract(entry, '$.call_id') END)
+WHERE CASE WHEN json_valid(entry) THEN json_extract(entry, '$.type') END IN ('tool_call', 'tool_result');
 
 -- No gap, whoever writes: an entry needs its predecessor, except the first
 -- one kept (seq first_seq: 0, or where trim() cut the history).

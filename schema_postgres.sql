@@ -785,6 +785,27 @@ BEGIN
     RETURN ch;
 END $$;
 
+-- A fenced write's check (SPEC §14), its first statement: LeaseLost unless the turn runs
+-- (or resumes) with its lease held, by the server's clock. The turn's row stays locked
+-- (FOR SHARE) until the write commits: starting another turn of the session first
+-- expires this one (turn_start's UPDATE), which waits for that lock.
+CREATE FUNCTION turn_fence(p_turn text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+    v_until  timestamptz;
+BEGIN
+    SELECT status, lease_until INTO v_status, v_until FROM turn WHERE id = p_turn FOR SHARE;
+    IF v_status IS NULL OR v_status NOT IN ('running', 'resuming') OR v_until < clock_timestamp() THEN
+        PERFORM agentstate_error('LeaseLost',
+            format('turn %L no longer holds its lease (%s): another worker may have taken its '
+                   'session over; nothing was written', p_turn,
+                   CASE WHEN v_status IS NULL THEN 'unknown'
+                        WHEN v_status IN ('queued', 'running', 'resuming') AND v_until < clock_timestamp()
+                        THEN 'expired' ELSE v_status END),
+            p_turn);
+    END IF;
+END $$;
+
 -- Delete every key of a scope (scope.clear()): a 'delete' change each; how many were live.
 CREATE FUNCTION kv_clear(p_kind text, p_sid text) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from ._encoding import check_fence, check_key, decode, encode, storable_text
 from .backends.base import RESERVED
@@ -111,7 +111,7 @@ def error_text(e: BaseException) -> str:
     return storable_text(f"{type(e).__name__}: {e}")
 
 
-def _refuse(c: Claim, call_id: str) -> Any:
+def _refuse(c: Claim, call_id: str) -> NoReturn:
     """The error for a claim that may not run the call (done is not one)."""
     if c.status == "failed":
         raise CallFailed(f"call {call_id!r} ran and failed: {c.error}", call_id, c.error or "")

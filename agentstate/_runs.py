@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import functools
 import os
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -15,6 +13,7 @@ from pydantic.dataclasses import dataclass
 
 from . import _calls, _runfiles
 from ._calls import Claim
+from ._twins import async_twin
 from ._encoding import canonical, check_fence, check_int, check_key, decode, encode
 from .errors import Damaged, InvalidValue, RunNotFound, SchemaTooNew
 
@@ -124,15 +123,6 @@ def encode_snapshot(snapshot: Any) -> str | None:
     if not isinstance(snapshot, dict):
         raise InvalidValue(f"a snapshot must be a dict or None, got {type(snapshot).__name__}")
     return encode(snapshot, MAX_RECORD)[0]
-
-
-def _aversion(fn: Any) -> Any:
-    @functools.wraps(fn)
-    async def run(self: RunStore, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, self, *args, **kwargs)
-
-    run.__doc__ = f"Async {fn.__name__}: runs in a worker thread, never blocking the event loop."
-    return run
 
 
 def _decode_entries(rows: list[tuple[int, str]]) -> list[dict[str, Any]]:
@@ -417,20 +407,20 @@ class RunStore:
         head = self._ops.run_head(run_id)
         return None if head is None else head[1]
 
-    awrite = _aversion(write)
-    aread = _aversion(read)
-    ahead = _aversion(head)
-    aentries = _aversion(entries)
-    atail = _aversion(tail)
-    adelete = _aversion(delete)
-    alist = _aversion(list)
-    aload = _aversion(load)
-    afork = _aversion(fork)
-    atrim = _aversion(trim)
-    aprune = _aversion(prune)
-    apin = _aversion(pin)
-    aclaim = _aversion(claim)
-    asettle = _aversion(settle)
+    awrite = async_twin(write)
+    aread = async_twin(read)
+    ahead = async_twin(head)
+    aentries = async_twin(entries)
+    atail = async_twin(tail)
+    adelete = async_twin(delete)
+    alist = async_twin(list)
+    aload = async_twin(load)
+    afork = async_twin(fork)
+    atrim = async_twin(trim)
+    aprune = async_twin(prune)
+    apin = async_twin(pin)
+    aclaim = async_twin(claim)
+    asettle = async_twin(settle)
 
 
 def _hashable(v: Any) -> str:

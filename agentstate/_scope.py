@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import functools
 import inspect
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_fence, check_int, check_key,
                         check_kind, decode, encode, encode_items, prefix_ok)
 from ._turns import aturn
+from ._twins import async_twin
 from .backends.base import KEEP
 from .errors import Damaged, InvalidValue, NotAList, TooLarge, VersionConflict
 
@@ -86,19 +86,6 @@ def _encode_value(value: Any) -> tuple[str, Any, int, list[str] | None]:
         return "list", None, size, items
     text, size = encode(value)
     return "json", text, size, None
-
-
-def _async(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The async twin of a Scope method: the call runs in a worker thread, so the
-    event loop never waits on SQLite (a lock, an fsync)."""
-
-    @functools.wraps(fn)
-    async def twin(self: Scope, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, self, *args, **kwargs)
-
-    twin.__name__ = twin.__qualname__ = "a" + fn.__name__
-    twin.__doc__ = f"Async twin of ``{fn.__name__}``: the same, in a worker thread.\n\n{fn.__doc__}"
-    return twin
 
 
 class Scope:
@@ -352,22 +339,22 @@ class Scope:
 
     # -- async twins: each runs its plain twin in a worker thread ----------------
 
-    aget = _async(get)
-    aget_versioned = _async(get_versioned)
-    aput = _async(put)
-    adelete = _async(delete)
-    aappend = _async(append)
-    apop = _async(pop)
-    aslice = _async(slice)
-    alength = _async(length)
-    alist = _async(list)
-    aput_bytes = _async(put_bytes)
-    aget_bytes = _async(get_bytes)
-    atouch = _async(touch)
-    aexpires_at = _async(expires_at)
-    aget_many = _async(get_many)
-    aitems = _async(items)
-    aclear = _async(clear)
+    aget = async_twin(get)
+    aget_versioned = async_twin(get_versioned)
+    aput = async_twin(put)
+    adelete = async_twin(delete)
+    aappend = async_twin(append)
+    apop = async_twin(pop)
+    aslice = async_twin(slice)
+    alength = async_twin(length)
+    alist = async_twin(list)
+    aput_bytes = async_twin(put_bytes)
+    aget_bytes = async_twin(get_bytes)
+    atouch = async_twin(touch)
+    aexpires_at = async_twin(expires_at)
+    aget_many = async_twin(get_many)
+    aitems = async_twin(items)
+    aclear = async_twin(clear)
 
     async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None,
                       fence: Any = None) -> Any:

@@ -14,7 +14,6 @@ from pydantic.dataclasses import dataclass
 from ._encoding import check_int, check_key, decode, encode, is_key, storable_text
 from ._runs import parse_time
 from ._scope import Scope
-from .backends.base import effective_status
 from .errors import InvalidTransition, InvalidValue, NotFound
 
 if TYPE_CHECKING:
@@ -91,10 +90,7 @@ class Turn:
     def _load(self, row: tuple[Any, ...]) -> None:
         (self.id, self.session_id, self.n, status, input_, request, decision, result,
          self.error, self.lease_until, created, updated, self.lease) = row
-        # The store's clock decides where the repository computes the status (PostgreSQL's
-        # rows: the server's clock); else this machine's is the store's (an SQLite file).
-        self.status = status if self._sessions._status_by_store else effective_status(
-            status, self.lease_until)
+        self.status = status  # as it reads by the store's clock: the store computed it
         self.input = None if input_ is None else decode(input_)
         self.request = None if request is None else decode(request)
         self.decision = None if decision is None else decode(decision)
@@ -143,7 +139,6 @@ class Sessions:
 
     def __init__(self, ops: Ops) -> None:
         self._ops = ops
-        self._status_by_store = getattr(getattr(ops, "sessions", None), "STATUS_BY_STORE", False)
 
     # -- sessions ------------------------------------------------------------
 

@@ -78,6 +78,14 @@ def fenced_worker(target: str, session_id: str, lease: float, ready, resume, res
     """Start a turn with a short lease and write fenced by it; signal ready; stop (the test
     SIGSTOPs it past its lease, another worker takes over, then SIGCONTs it); then try
     to write again with the same fence. Puts which later writes landed."""
+    try:
+        _fenced_worker(target, session_id, lease, ready, resume, results)
+    except BaseException as e:  # the test says what went wrong instead of waiting
+        results.put({"worker failed": f"{type(e).__name__}: {e}"})
+        raise
+
+
+def _fenced_worker(target: str, session_id: str, lease: float, ready, resume, results) -> None:
     with open_target(target) as db:
         p = agentstate.Principal("worker")
         turn = db.sessions.start_turn(session_id, p, lease=lease)

@@ -120,3 +120,12 @@ def test_layout_benchmark_quick_run(tmp_path) -> None:
     md = (tmp_path / "LAYOUT.md").read_text(encoding="utf-8")
     for size in ("150", "1,500", "3,000"):
         assert re.search(rf"\| {size} B \| without rowid \| [0-9.]+ \([0-9.]+×\) \|", md), (size, md)
+
+
+def test_fence_benchmark_smoke():
+    """benchmarks.fence times every operation it names, fenced and plain (SQLite here)."""
+    from benchmarks import fence
+
+    results = fence.run(rounds=1, calls=2, pg_url=None)
+    text = fence.table(results) + "\n" + fence.ratios(results)
+    assert "| put, fenced |" in text and "fenced ÷ plain" in text and "100,000 ÷ 100" in text

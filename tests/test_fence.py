@@ -150,7 +150,9 @@ def test_a_worker_stopped_past_its_lease_writes_nothing_after_a_takeover(db):
                                ready, resume, results))
     worker.start()
     try:
-        assert ready.wait(120)
+        deadline = time.monotonic() + 300
+        while not ready.wait(0.2):  # or the worker's failure, at once
+            assert worker.is_alive() and time.monotonic() < deadline, results.get(timeout=5)
         os.kill(worker.pid, signal.SIGSTOP)
         time.sleep(0.7)
         p = agentstate.Principal("worker")

@@ -387,32 +387,35 @@ def test_the_command_on_a_url(pg_url):
     assert not os.path.exists("/tmp/agentstate-never.db")
 
 
-# The queries the README shows for psql, read from it and run as psql would run them.
-README_QUERIES = re.findall(r'^psql "\$AGENTSTATE_DB" -c "(.*)"$',
-                            (Path(__file__).parent.parent / "README.md").read_text(), re.M)
+# The queries docs/postgres.md shows for psql, read from it and run here on a store this test
+# fills (tests/test_docs.py runs the page's own example, output and all).
+DOCS_QUERIES = re.findall(r'^\$ psql "\$AGENTSTATE_DB" (?:-At )?-c "(.*)"$',
+                          (Path(__file__).parent.parent / "docs" / "postgres.md").read_text(), re.M)
 
 
 def test_psql_reads_the_views(db):
-    """The README's psql queries run on a live store and show what was written."""
+    """The docs' psql queries run on a live store and show what was written."""
     psql = psql_bin()
     if psql is None:
         if os.environ.get("CI"):  # .ci/run installs postgresql, which brings psql
-            pytest.fail("psql is missing: the README's psql queries were not run")
+            pytest.fail("psql is missing: the docs' psql queries were not run")
         pytest.skip("psql is not installed here (the postgresql package has it)")
     s = db.sessions.create(ALICE)
     db.scope("session", "s-42").append("history", [{"role": "user"}])
-    db.scope("session", "s-42").put("note", {"text": "hello"})
+    db.scope("session", "s-42").put("settings", {"model": "small"})
     db.runs.write("run-1", [{"seq": 0, "type": "user"}], None, create=True)
     db.sessions.start_turn(s.id, ALICE)
     out = []
-    for q in README_QUERIES:
+    assert len(DOCS_QUERIES) == 5
+    for q in DOCS_QUERIES:
         r = subprocess.run([psql, db._store.url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", q],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         out.append(r.stdout)
-    assert '[{"role":"user"}]' in out[0] and out[1].strip() == "hello"
-    assert out[2].startswith("0|user|") and "|alice|running|" in out[3]
-    assert out[4].splitlines()[0].split("|")[2] == "running"
+    assert 'session|s-42|history|[{"role":"user"}]|1' in out[0].splitlines()
+    assert out[1].strip() == "small" and out[2].splitlines() == ["0|user"]
+    assert out[3].splitlines() == ["alice|running|f"]
+    assert out[4].splitlines() == ["append|s-42|history", "put|s-42|settings"]
 
 
 def test_views_and_trim_prune_on_the_server(db):

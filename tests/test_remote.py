@@ -434,3 +434,18 @@ def test_a_write_answered_by_no_store_error_may_have_been_done(db, monkeypatch, 
     with pytest.raises(agentstate.AgentStateError) as e:
         s.get("k")
     assert getattr(e.value, "outcome_unknown", False) is False  # a read changes nothing
+
+
+def test_changes_pages_past_what_the_token_may_not_see(db):
+    """A page of changes() skips changes the token may not see (another principal's
+    session) without coming back empty while visible ones follow: the client asks on
+    from the server's ``last``."""
+    alice = _connect_as(db, "alice")
+    since = db.last_change()
+    bob = db.sessions.create(Principal("bob"))
+    for i in range(12):  # a page's worth of changes alice may not see
+        db.sessions.state(bob.id, Principal("bob")).put(f"k{i}", i)
+    db.scope("app", "shared").put("seen", 1)
+    got = alice.changes(since, limit=5)
+    assert [(c.kind, c.key) for c in got] == [("app", "seen")]
+    assert alice.changes(got[-1].seq, limit=5) == []

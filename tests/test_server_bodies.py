@@ -126,9 +126,9 @@ def test_a_request_over_its_count_limits_is_too_large(api, path, body):
     assert digest(db) == before
 
 
-def test_every_request_limit_is_stated_once_and_shown_by_the_document_and_the_readme(api):
+def test_every_request_limit_is_stated_once_and_shown_by_the_document_and_the_docs(api):
     """Issue 26: the limits (bodies per route, batch ops, long-poll wait, page sizes) live in
-    one table; the OpenAPI document and the README show that table."""
+    one table; the OpenAPI document and the docs (errors.md, "Request limits") show it."""
     client, db, tok, app = api
     doc = client().get("/openapi.json").json()
     for path, ops in doc["paths"].items():
@@ -137,8 +137,8 @@ def test_every_request_limit_is_stated_once_and_shown_by_the_document_and_the_re
                 stated = op["requestBody"]["description"]
                 assert f"{limit_of(path, method.upper()):,} bytes" in stated, (method, path, stated)
     assert doc["info"]["x-limits"] == LIMITS.as_dict()
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Request limits", 1)[1].split("\n##", 1)[0]
+    page = (REPO / "docs" / "errors.md").read_text()
+    section = page.split("### Request limits", 1)[1].split("\n##", 1)[0]
     for row in LIMITS.rows():
         assert row in section, row
     assert LIMITS.long_poll_wait == 300 and "wait" in json.dumps(doc["paths"]["/v1/changes"])
@@ -288,3 +288,14 @@ def test_a_request_whose_client_leaves_mid_body_ends_quietly(any_db, path):
              "client": ("127.0.0.1", 1), "server": ("t", 80)}
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))  # raises nothing
     assert db.scope("app", "a").get("k") is None
+
+
+def test_several_values_with_bytes_that_are_not_json_are_a_400(api):
+    """get_many and items over a key holding bytes that are not JSON: 400 invalid_value,
+    as GET of that key (no traceback, no 500)."""
+    client, db, tok, app = api
+    db.scope("app", "a").put_bytes("b", b"\xff\xfe")
+    c = client()
+    for r in (c.get("/v1/scopes/app/a/items"),
+              c.post("/v1/scopes/app/a/get_many", json={"keys": ["b"]})):
+        assert r.status_code == 400 and err(r)["code"] == "invalid_value", r.text

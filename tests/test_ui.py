@@ -280,3 +280,20 @@ def test_the_pages_read_pages_never_tables(db, tmp_path):
         db2.close()
     finally:
         apsw.connection_hooks.remove(hook)
+
+
+def test_the_run_page_marks_claims_in_doubt_and_in_progress(ui):
+    """A call claimed by once() with no result: highlighted as in doubt once its claim is
+    not live, marked in progress while it is; a settled call is neither (SPEC §14)."""
+    client, db, tok = ui
+    db.runs.write("calls", [], None, create=True)
+    db.runs.once("calls", "paid", lambda: "ch_1")
+    db.runs.claim("calls", "running")
+    db.runs.claim("calls", "lost", lease=0.01)
+    time.sleep(0.05)
+    page = client("admin").get("/ui/runs/calls").text
+    classes = dict(re.findall(r'<li class="([^"]+)" id="seq-(\d+)"', page)[i][::-1]
+                   for i in range(4))
+    assert classes["0"] == "call" and classes["2"] == "call in-progress"
+    assert classes["3"] == "call unknown in-doubt"
+    assert "in doubt: claimed at" in page and "in progress: claimed at" in page

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from .._encoding import decode
 from ..errors import Forbidden, InvalidTransition, NotFound, RunNotFound, UsageError
-from .base import Backend, Row, call_state, iso, turn_live
+from .base import Backend, Filters, Row, Sets, Stored, Ttl, call_state, iso, turn_live
 
 T = TypeVar("T")
 
@@ -102,7 +102,7 @@ class LocalOps:
         return ops
 
     def _fence_then(self, c: Any, turn_id: str, fn: Callable[..., T], *args: Any) -> T:
-        self.sessions.check_fence(c, turn_id, self.clock())
+        self.sessions.check_fence(c, turn_id)
         return fn(c, *args)
 
     # -- keys -----------------------------------------------------------------
@@ -111,15 +111,15 @@ class LocalOps:
         """(type, stored, version, joined list items); ``raw``: the caller wants bytes."""
         return self._read(self.kv.get, kind, sid, key)
 
-    def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
-               items: list[str] | None, if_version: int | None, ttl: Any) -> int:
+    def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Stored, size: int,
+               items: list[str] | None, if_version: int | None, ttl: Ttl) -> int:
         return self._write(self.kv.put, kind, sid, key, type_, stored, size, items, if_version, ttl)
 
     def kv_delete(self, kind: str, sid: str, key: str, if_version: int | None) -> bool:
         return self._write(self.kv.delete, kind, sid, key, if_version)
 
     def kv_append(self, kind: str, sid: str, key: str, texts: list[str], size: int,
-                  ttl: Any) -> tuple[int, int]:
+                  ttl: Ttl) -> tuple[int, int]:
         return self._write(self.kv.append, kind, sid, key, texts, size, ttl)
 
     def kv_pop(self, kind: str, sid: str, key: str, n: int) -> list[str]:
@@ -200,6 +200,12 @@ class LocalOps:
 
     def run_claim(self, run_id: str, call_id: str, call: str | None, lease: float,
                   retry: bool) -> tuple[str, str]:
+        if self._fence is None:  # a recorded outcome never changes: one read, no write lock
+            last = self._read(self.runs.last_call, run_id, call_id)
+            if last is not None:
+                entry = decode(last[1])
+                if entry.get("type") == "tool_result":
+                    return call_state(entry, None, 0.0), last[1]
         return self._write(self._claim, run_id, call_id, call, lease, retry)
 
     def _claim(self, c: Any, run_id: str, call_id: str, call: str | None, lease: float,
@@ -319,14 +325,14 @@ class LocalOps:
                                                  after, limit)
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
-                  to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:
+                  to: str | None, what: str, lease: float | None, sets: Sets) -> Row:
         """One state change; ``to`` None keeps the status (a heartbeat)."""
         return self._write(self._move_turn, turn_id, name, admin, from_states, to, what, lease,
                            sets)
 
     def _move_turn(self, c: Any, turn_id: str, name: str, admin: bool,
                    from_states: tuple[str, ...], to: str | None, what: str, lease: float | None,
-                   sets: dict[str, Any]) -> Row:
+                   sets: Sets) -> Row:
         row = self._visible_turn(c, turn_id, name, admin)
         return self.sessions.move(c, turn_id, from_states, row[3] if to is None else to, sets,
                                   lease, what)
@@ -344,7 +350,7 @@ class LocalOps:
 
     # -- the change feed and settings -----------------------------------------
 
-    def feed_scan(self, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[Row], int]:
+    def feed_scan(self, since: int, limit: int, flt: Filters) -> tuple[list[Row], int]:
         """(change rows after since, head) from one snapshot.
 
         :raises CursorExpired: some change after ``since`` is no longer kept.
@@ -356,7 +362,7 @@ class LocalOps:
         return self._read(self.feed.head)
 
     def watch(self, since: int, timeout: float | None, limit: int,
-              flt: dict[str, Any]) -> list[Row]:
+              flt: Filters) -> list[Row]:
         """Change rows after ``since``; if none yet, wait for one (or ``timeout``: [])."""
         if self.store.in_write():
             raise UsageError("watch() inside transaction() would wait for itself: call it outside")
@@ -372,7 +378,7 @@ class LocalOps:
                 if not waiter.wait(mark, deadline):
                     return []
 
-    async def awatch(self, since: int, limit: int, flt: dict[str, Any]) -> AsyncIterator[Row]:
+    async def awatch(self, since: int, limit: int, flt: Filters) -> AsyncIterator[Row]:
         """Every change row after ``since``, forever; the event loop never waits on the store."""
         import asyncio
 
@@ -392,7 +398,7 @@ class LocalOps:
     def settings(self) -> dict[str, Any]:
         return self._read(self.feed.settings)
 
-    def set_setting(self, name: str, value: Any) -> None:
+    def set_setting(self, name: str, value: int) -> None:
         self._write(self.feed.set_setting, name, value)
 
     # -- API tokens (SPEC §12) -------------------------------------------------

@@ -22,7 +22,7 @@ from urllib.parse import quote
 from .. import _turns
 from .. import errors as E
 from .._encoding import decode
-from .base import KEEP, Batched, Row
+from .base import Batched, Filters, KEEP, Row, Sets, Stored, Ttl
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
@@ -233,13 +233,13 @@ class RemoteOps:
         except E.NotFound:
             return None
 
-    def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Any, size: int,
-               items: list[str] | None, if_version: int | None, ttl: Any) -> int:
+    def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Stored, size: int,
+               items: list[str] | None, if_version: int | None, ttl: Ttl) -> int:
         if type_ == "bytes":
             return self._call("PUT", self._key(kind, sid, key), body=stored, bytes_body=True,
                               params={"if_version": if_version, "ttl": ttl})["version"]
-        text = stored if items is None else "[" + ",".join(items) + "]"
-        extra = {"if_version": if_version}
+        text = str(stored) if items is None else "[" + ",".join(items) + "]"  # JSON text
+        extra: dict[str, Any] = {"if_version": if_version}
         extra.update({"keep_ttl": True} if ttl == KEEP else {"ttl": ttl})
         body = '{"value":' + text + "".join(f',"{k}":{_dumps(v)}' for k, v in extra.items()
                                             if v is not None) + "}"
@@ -250,7 +250,7 @@ class RemoteOps:
                           params={"if_version": if_version})["deleted"]
 
     def kv_append(self, kind: str, sid: str, key: str, texts: list[str], size: int,
-                  ttl: Any) -> tuple[int, int]:
+                  ttl: Ttl) -> tuple[int, int]:
         body = '{"items":[' + ",".join(texts) + "]" + (
             f',"ttl":{_dumps(ttl)}' if ttl not in (None, KEEP) else "") + "}"
         d = self._call("POST", self._key(kind, sid, key, "/append"), body=body)
@@ -451,7 +451,7 @@ class RemoteOps:
         return [] if limit == 0 else items
 
     def turn_move(self, turn_id: str, name: str, admin: bool, from_states: tuple[str, ...],
-                  to: str | None, what: str, lease: float | None, sets: dict[str, Any]) -> Row:
+                  to: str | None, what: str, lease: float | None, sets: Sets) -> Row:
         field = {"hold": "request", "finish": "result", "decide": "decision"}.get(what)
         if field is not None:
             body = '{"' + field + '":' + (sets.get(field) or "null") + "}"
@@ -464,16 +464,23 @@ class RemoteOps:
 
     # -- the change feed and settings ---------------------------------------------------------------
 
-    def feed_scan(self, since: int, limit: int, flt: dict[str, Any]) -> tuple[list[Row], int]:
-        d = self._call("GET", "/v1/changes", params={"since": since, "limit": limit, **flt})
-        rows = [_change_row(c) for c in d["changes"]]
-        return rows, d["last"]
+    def feed_scan(self, since: int, limit: int, flt: Filters) -> tuple[list[Row], int]:
+        """As the local scan: the first changes after ``since`` this token may see. The
+        server leaves out what the caller may not see and says how far it read (``last``):
+        an empty page with ``last`` past the cursor means only that, so ask on from there."""
+        cursor = since
+        while True:
+            d = self._call("GET", "/v1/changes", params={"since": cursor, "limit": limit, **flt})
+            rows = [_change_row(c) for c in d["changes"]]
+            if rows or d["last"] <= cursor:
+                return rows, d["last"]
+            cursor = d["last"]
 
     def feed_head(self) -> int:
         return self._call("GET", "/v1/changes/head")["head"]
 
     def watch(self, since: int, timeout: float | None, limit: int,
-              flt: dict[str, Any]) -> list[Row]:
+              flt: Filters) -> list[Row]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = LONG_POLL if deadline is None else max(0.0, min(LONG_POLL, deadline - time.monotonic()))
@@ -485,7 +492,7 @@ class RemoteOps:
             # as a local watch goes on from the head (``since`` may be purged meanwhile).
             since = max(since, d["last"])
 
-    async def awatch(self, since: int, limit: int, flt: dict[str, Any]) -> AsyncIterator[Row]:
+    async def awatch(self, since: int, limit: int, flt: Filters) -> AsyncIterator[Row]:
         import httpx
 
         self.check_open()
@@ -522,7 +529,7 @@ class RemoteOps:
     def settings(self) -> dict[str, Any]:
         return self._call("GET", "/v1/settings")
 
-    def set_setting(self, name: str, value: Any) -> None:
+    def set_setting(self, name: str, value: int) -> None:
         self._call("PUT", f"/v1/settings/{_q(name)}", body=_dumps({"value": value}))
 
     # -- what only the server's own command does ----------------------------------------------------

@@ -89,9 +89,9 @@ class Notifier:
         if self.closing:
             return False
         woken = asyncio.ensure_future(since.wait())
+        waits: list[asyncio.Future[Any]] = [woken, gone] if gone else [woken]
         try:
-            await asyncio.wait([woken, gone] if gone else [woken], timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             woken.cancel()
         return woken.done() and not woken.cancelled() and not self.closing
@@ -145,6 +145,8 @@ class API:
         self.notifier = Notifier(db)
         self.waits = Waits()
         self._tokens: dict[str, tuple[float, agentstate.Principal | None]] = {}
+        self.routes: list[Route_] = []  # the route table, set by create_app
+        self.document: bytes | None = None  # the OpenAPI document, made at its first request
         self._big: asyncio.Semaphore | None = None  # made on the server's own loop
 
     @property

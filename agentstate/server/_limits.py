@@ -1,5 +1,6 @@
 """Every limit one request meets, in one table: the route table cites it, the OpenAPI
-document shows it (``info.x-limits`` and each body's description), the README lists it.
+document shows it (``info.x-limits`` and each body's description), the docs list it
+(docs/errors.md, "Request limits").
 
 Why these numbers: a body is held whole in memory, decoded, parsed into Python objects
 (up to ``json_values`` of them) and re-encoded by the store, so one request holds about
@@ -26,7 +27,7 @@ class Limit:
 
 
 class Limits:
-    """The limits by name: ``LIMITS.run_body`` is a number; ``rows()`` the README's table."""
+    """The limits by name: ``LIMITS.run_body`` is a number; ``rows()`` the docs' table."""
 
     def __init__(self, *limits: Limit) -> None:
         self._all = {limit.name: limit for limit in limits}
@@ -53,7 +54,7 @@ class Limits:
         return {n: {"value": x.value, "unit": x.unit, "what": x.what} for n, x in self._all.items()}
 
     def rows(self) -> list[str]:
-        """The README's table, a line per limit."""
+        """The docs' table (docs/errors.md), a line per limit."""
         return [f"| `{x.name}` | {x.value:,} {x.unit} | {x.what} |" for x in self._all.values()]
 
 

@@ -55,6 +55,7 @@ def create_app(db: agentstate.Database) -> Starlette:
     from . import ui
 
     api = API(db)
+    api.routes = ROUTES
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -111,7 +111,9 @@ QUERY: dict[str, dict[str, Any]] = {
     "key": KEY,
 }
 PATH: dict[str, dict[str, Any]] = {
-    "kind": KIND, "id": KEY, "key": KEY, "run_id": KEY, "session_id": KEY, "turn_id": KEY,
+    "kind": KIND, "id": KEY, "run_id": KEY, "session_id": KEY, "turn_id": KEY, "call_id": KEY,
+    "key": {**KEY, "description": "the keys `.` and `..` are written `~.` and `~..` (URLs drop "
+                                  "those segments)"},
     "name": {"type": "string", "enum": ["feed_retention"]},
     "action": {"type": "string",
                "enum": ["start", "heartbeat", "hold", "decide", "resume", "finish", "fail"]},
@@ -143,6 +145,11 @@ def _operation(route: Any) -> dict[str, Any]:
     if route.auth != "none":
         params.append({"name": "X-Agentstate-Principal", "in": "header", "required": False,
                        "schema": KEY, "description": "admins only: act for this principal"})
+    if route.auth != "none" and route.method != "GET":
+        params.append({"name": "X-Agentstate-Fence", "in": "header", "required": False,
+                       "schema": KEY, "description": "a turn id: every write of the request lands "
+                                                     "only while that turn holds its lease, else "
+                                                     "409 lease_lost (SPEC §14)"})
     op: dict[str, Any] = {
         "summary": route.summary,
         "operationId": f"{route.method.lower()}_{route.handler.__name__}_{len(route.path)}",
@@ -152,6 +159,8 @@ def _operation(route: Any) -> dict[str, Any]:
     if route.description:
         op["description"] = route.description
     statuses = set(route.errors) | ({400, 401, 403, 503} if route.auth != "none" else set())
+    if route.auth != "none" and route.method != "GET":
+        statuses.add(409)  # a write under a lapsed X-Agentstate-Fence: lease_lost
     if params and any(p["in"] == "path" for p in params):
         statuses.add(404)
     for status in sorted(statuses):

@@ -32,7 +32,7 @@ def translate(e: psycopg.Error, outcome_unknown: bool = False) -> AgentStateErro
         detail = e.diag.message_detail or ""
         if cls is errors.VersionConflict:
             return cls(msg, int(detail))
-        if cls is errors.SessionBusy:
+        if cls is errors.SessionBusy or cls is errors.LeaseLost:
             return cls(msg, detail)
         if cls is errors.TooLarge:
             return cls(msg, int(detail), MAX_VALUE)

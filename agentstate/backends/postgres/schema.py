@@ -17,7 +17,7 @@ import psycopg
 
 from ...errors import Damaged, SchemaTooNew, StorageError
 from .errors import translate
-from .statements import quiet_rollback
+from .statements import first, quiet_rollback
 
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
               "feed_head", "change_new", "change_pending", "setting", "token")
@@ -66,7 +66,7 @@ def _v2_to_v3(c: psycopg.Connection) -> None:
     """0.3: the index of a run's tool calls by call id (SPEC §14), pinned runs."""
     c.execute(schema_object("run_entry_call"))
     c.execute("ALTER TABLE run ADD COLUMN pinned boolean NOT NULL DEFAULT false")
-    for name in ("run_prune", "kv_clear", "run_pin"):
+    for name in ("run_prune", "kv_clear", "run_pin", "turn_fence"):
         c.execute(schema_function(name))
     c.execute("DROP VIEW runs")
     c.execute(schema_object("runs"))
@@ -88,7 +88,7 @@ def ensure_schema(c: psycopg.Connection, where: str) -> str:
     :raises StorageError: the search_path names no existing schema.
     """
     try:
-        schema = c.execute("SELECT current_schema()").fetchone()[0]
+        schema = first(c.execute("SELECT current_schema()"))
         if schema is None:
             raise StorageError(
                 f"{where}: the search_path names no existing schema: create it (CREATE SCHEMA) "
@@ -103,9 +103,10 @@ def ensure_schema(c: psycopg.Connection, where: str) -> str:
             version = _version(c, schema)  # another client may have set it up meanwhile
             _refuse_newer(version, schema, where)
             if version == 0:
-                clash = c.execute("SELECT string_agg(tablename, ', ') FROM pg_tables "
-                                  "WHERE schemaname = current_schema() AND tablename = ANY(%s)",
-                                  (list(OUR_TABLES),)).fetchone()[0]
+                clash = first(c.execute(
+                    "SELECT string_agg(tablename, ', ') FROM pg_tables "
+                    "WHERE schemaname = current_schema() AND tablename = ANY(%s)",
+                    (list(OUR_TABLES),)))
                 if clash:
                     raise Damaged(f"{where}: schema {schema!r} has tables named {clash} but is not "
                                   "an agentstate store: use another schema")
@@ -127,8 +128,8 @@ def ensure_schema(c: psycopg.Connection, where: str) -> str:
 def _version(c: psycopg.Connection, schema: str) -> int:
     # A query of the catalog, not to_regclass(): its cache may still say "no such table"
     # after another client created it while this one waited for the lock.
-    exists = c.execute("SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() "
-                       "AND tablename = 'agentstate_version')").fetchone()[0]
+    exists = first(c.execute("SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = "
+                             "current_schema() AND tablename = 'agentstate_version')"))
     if not exists:
         return 0
     row = c.execute(psycopg.sql.SQL("SELECT version FROM {}.agentstate_version").format(

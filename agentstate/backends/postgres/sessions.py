@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import LeaseLost, NotFound
-from ..base import effective_status, turn_live
+from ...errors import NotFound
 from .statements import Conn
 
 Row = tuple[Any, ...]
 # Turn rows carry the status as it reads now on the server's clock (the store's clock,
-# SPEC §11): a leased status whose lease lapsed is 'expired' (see _turnstate).
-STATUS_BY_STORE = True
+# SPEC §11): a leased status whose lease lapsed is 'expired', as on SQLite.
 TURN_COLUMNS = ("t.id, t.session_id, t.n, "
                 "CASE WHEN t.status IN ('queued', 'running', 'resuming') AND t.lease_until < clock_timestamp() "
                 "THEN 'expired' ELSE t.status END, t.input::text, t.request::text, "
@@ -162,15 +160,9 @@ def active_turn(c: Conn, session_id: str) -> Row | None:
         (session_id,)).fetchone()
 
 
-def check_fence(c: Conn, turn_id: str, now: float) -> None:
-    """LeaseLost unless the turn runs (or resumes) with its lease held, by the server's
-    clock. The turn's row stays locked (FOR SHARE) until the write commits: starting
-    another turn of the session first expires this one, which waits for that lock."""
-    c.begin()
-    row = c.execute(f"SELECT {TURN_COLUMNS} FROM turn t WHERE id = %s FOR SHARE",
-                    (turn_id,)).fetchone()
-    if not turn_live(row, now):
-        status = "unknown" if row is None else effective_status(row[3], row[9], now)
-        raise LeaseLost(f"turn {turn_id!r} no longer holds its lease ({status}): "
-                        "another worker may have taken its session over; nothing was written",
-                        turn_id)
+def check_fence(c: Conn, turn_id: str) -> None:
+    """LeaseLost unless the turn runs (or resumes) with its lease held, by the server's clock
+    (``turn_fence`` in the schema). The turn's row stays locked (FOR SHARE) until the write
+    commits: starting another turn of the session first expires this one, which waits for
+    that lock. A lone write sends the check with itself, in its one round trip."""
+    c.fence_first(turn_id)

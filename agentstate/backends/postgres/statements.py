@@ -134,7 +134,7 @@ class Conn:
     costs more client time than a round trip to a local server.)
     """
 
-    __slots__ = ("raw", "mode", "ran", "pending", "open", "flushes")
+    __slots__ = ("raw", "mode", "ran", "pending", "open", "flushes", "fence")
 
     def __init__(self, raw: psycopg.Connection, mode: str, pending: tuple[str, ...] = ()) -> None:
         self.raw = raw
@@ -143,16 +143,24 @@ class Conn:
         self.pending = list(pending)
         self.open = False  # a BEGIN has been sent
         self.flushes = 0
+        self.fence: str | None = None  # AUTO: a turn to check first (fence_first)
 
-    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor:
+    def execute(self, query: Any, params: Any = None) -> Any:
+        """The statement's cursor (rows are whatever it returns: typed loosely, as a
+        repository's connection is in base.py)."""
         if self.pending:
             return self._with_pending(query, params)
         if self.mode is not AUTO:
             return self.raw.execute(query, params)
         self.ran = True
         text = inline(query, params)
+        if text is None and self.fence is not None:  # its check needs the same transaction
+            self.ran = False
+            self.begin()
+            return self._with_pending(query, params)
         if text is not None:
-            text = f"BEGIN; {text}; COMMIT; {AFTER_COMMIT}"
+            check = "" if self.fence is None else f"SELECT turn_fence({_literal(self.fence)}); "
+            text = f"BEGIN; {check}{text}; COMMIT; {AFTER_COMMIT}"
         for attempt in range(RETRIES):
             try:
                 return self._lone(query, params, text)
@@ -161,7 +169,7 @@ class Conn:
                     raise
         raise AssertionError("unreachable")
 
-    def _lone(self, query: Any, params: Any, text: str | None) -> psycopg.Cursor:
+    def _lone(self, query: Any, params: Any, text: str | None) -> Any:
         """One statement in a transaction of its own, then the wake-up (feed_notify)."""
         raw = self.raw
         if text is None:  # two round trips: a parameter not written as a literal
@@ -184,9 +192,11 @@ class Conn:
                 e.agentstate_outcome_unknown = True  # type: ignore[attr-defined]
             raise
         cur.nextset()  # past BEGIN: the statement's rows
+        if self.fence is not None:
+            cur.nextset()  # past the fence's check
         return cur
 
-    def _with_pending(self, query: Any, params: Any) -> psycopg.Cursor:
+    def _with_pending(self, query: Any, params: Any) -> Any:
         pending, self.pending = self.pending, []
         self.flushes += 1
         for p in pending:  # open: a BEGIN without its COMMIT
@@ -202,8 +212,19 @@ class Conn:
         if self.mode is AUTO:
             if self.ran:
                 raise AssertionError("begin() after a statement already committed on its own")
-            self.pending[:0] = BEGIN_WRITE
+            self.pending[:0] = BEGIN_WRITE + (() if self.fence is None else (
+                f"SELECT turn_fence({_literal(self.fence)})",))
+            self.fence = None
             self.mode = TXN
+
+    def fence_first(self, turn_id: str) -> None:
+        """Check the turn's lease first in this write (SPEC §14): a lone write sends the
+        check with itself, in its one round trip; a transaction with its BEGIN, or now."""
+        if self.mode is AUTO and not self.ran:
+            self.fence = turn_id
+            return
+        self.begin()
+        self.execute("SELECT turn_fence(%s)", (turn_id,))
 
 
 def readable(raw: psycopg.Connection) -> bool:
@@ -219,3 +240,11 @@ def quiet_rollback(raw: psycopg.Connection) -> None:
             raw.execute("ROLLBACK")
     except psycopg.Error:
         pass
+
+
+def first(cur: Any) -> Any:
+    """The first column of the one row a statement returns (a query that always has one)."""
+    row = cur.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    return row[0]

@@ -30,7 +30,7 @@ from ...errors import Busy, Closed, StorageError
 from ..base import check_owner
 from .errors import first_line, translate
 from .schema import ensure_schema
-from .statements import BEGIN_SNAPSHOT, READ, AfterCommit, Conn, quiet_rollback, readable
+from .statements import BEGIN_SNAPSHOT, READ, AfterCommit, Conn, first, quiet_rollback, readable
 from .transactions import _Read, _Write
 from .waiter import NotifyWaiter
 
@@ -48,7 +48,7 @@ def redact(url: str) -> str:
 
 
 # Every connection is opened so: UTF-8 whatever PGCLIENTENCODING says (values are Unicode).
-CONNECT = {"autocommit": True, "client_encoding": "UTF8"}
+CONNECT: dict[str, Any] = {"autocommit": True, "client_encoding": "UTF8"}
 
 # The open stores of this process, and what a fork()ed child inherited of them:
 # kept, so that garbage collection never closes them (see Store._after_fork).
@@ -66,7 +66,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _check_encoding(c: psycopg.Connection, where: str) -> None:
     """Refuse a database that cannot hold every value (any Unicode text)."""
-    encoding = c.execute("SHOW server_encoding").fetchone()[0]
+    encoding = first(c.execute("SHOW server_encoding"))
     if encoding != "UTF8":
         raise StorageError(
             f"{where}: the database's encoding is {encoding}, which cannot hold every value: "
@@ -94,7 +94,7 @@ class Store:
         with self._connect() as c:  # a clear error for a bad URL or an unreachable server
             _check_encoding(c, self.path)
             self.schema = ensure_schema(c, self.path)
-            self.channel = c.execute("SELECT feed_channel()").fetchone()[0]
+            self.channel = first(c.execute("SELECT feed_channel()"))
         self.pool: ConnectionPool | None = None
         self._open_pool()
         _stores.add(self)
@@ -167,13 +167,16 @@ class Store:
             with self._lock:
                 if self.pool is None and not self._closed:
                     self._open_pool()
+        pool = self.pool
+        if pool is None:
+            raise Closed(f"the database {self.path} is closed")
         while True:
             try:
-                raw = self.pool.getconn()
+                raw = pool.getconn()
             except PoolClosed:
                 raise Closed(f"the database {self.path} is closed") from None
             except PoolTimeout:
-                stats = self.pool.get_stats()
+                stats = pool.get_stats()
                 if stats.get("pool_size", 0) < POOL_MAX:
                     raise StorageError(f"cannot reach the server of {self.path} (no connection "
                                        f"within {self.busy_timeout:g} s)") from None
@@ -184,7 +187,7 @@ class Store:
             # An idle connection has nothing to read unless the server hung up
             # on it (a restart): drop it and take another, before using it.
             raw.close()
-            self.pool.putconn(raw)
+            pool.putconn(raw)
 
     def _checkin(self, raw: psycopg.Connection) -> None:
         if raw in self._inherited:  # the parent's, in use when this process was forked

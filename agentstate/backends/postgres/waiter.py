@@ -120,8 +120,13 @@ class NotifyWaiter:
                 return
             ready = loop.create_future()
             fd = self.conn.fileno()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-            timer = loop.call_later(left, lambda: ready.done() or ready.set_result(None))
+
+            def wake(ready: asyncio.Future[None] = ready) -> None:
+                if not ready.done():
+                    ready.set_result(None)
+
+            loop.add_reader(fd, wake)
+            timer = loop.call_later(left, wake)
             try:
                 await ready
             finally:

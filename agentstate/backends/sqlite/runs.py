@@ -209,8 +209,8 @@ def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:
 # no statistics the planner would scan the run's entries by the primary key instead.
 _LAST_CALL = """
 SELECT seq, entry FROM run_entry INDEXED BY run_entry_call
-WHERE run_id = ?1 AND iif(json_valid(entry), json_extract(entry, '$.call_id'), NULL) = ?2
-  AND iif(json_valid(entry), json_extract(entry, '$.type'), NULL) IN ('tool_call', 'tool_result')
+WHERE run_id = ?1 AND CASE WHEN json_valid(entry) THEN json_extract(entry, '$.call_id') END = ?2
+  AND CASE WHEN json_valid(entry) THEN json_extract(entry, '$.type') END IN ('tool_call', 'tool_result')
 ORDER BY seq DESC LIMIT 1"""
 
 

@@ -17,8 +17,13 @@ from ..base import LEASED, Conn, effective_status, now_iso, turn_live
 from . import feed, kv
 
 OPEN = ('queued', 'running', 'held', 'decided', 'resuming', 'expired')  # what turn_by_status indexes
-TURN_COLUMNS = ("id, session_id, n, status, input, request, decision, result, error, "
-                "lease_until, created_at, updated_at, lease")
+# A turn's columns; its status as it reads by the store's clock (a leased state whose
+# lease lapsed reads 'expired'), computed here, where the store is, for every reader.
+_COLUMNS = ("{t}id, {t}session_id, {t}n, CASE WHEN {t}status IN ('queued', 'running', 'resuming') "
+            "AND {t}lease_until < (julianday('now') - 2440587.5) * 86400.0 THEN 'expired' "
+            "ELSE {t}status END, {t}input, {t}request, {t}decision, {t}result, {t}error, "
+            "{t}lease_until, {t}created_at, {t}updated_at, {t}lease")
+TURN_COLUMNS = _COLUMNS.format(t="")
 
 
 def session_row(c: Conn, session_id: str, name: str, admin: bool) -> tuple[Any, ...]:
@@ -163,7 +168,7 @@ def turns_by_status(c: Conn, name: str, admin: bool, live: tuple[str, ...],
         at = row[10]
         where.append("(t.created_at, t.id) < (:at, :after)")
     return c.execute(
-        f"""SELECT {', '.join('t.' + col.strip() for col in TURN_COLUMNS.split(','))}
+        f"""SELECT {_COLUMNS.format(t="t.")}
             FROM turn t JOIN session s ON s.id = t.session_id
             WHERE {' AND '.join(where)}
             ORDER BY t.created_at DESC, t.id DESC LIMIT :limit""",
@@ -213,9 +218,10 @@ def active_turn(c: Conn, session_id: str) -> tuple[Any, ...] | None:
     ).fetchone()
 
 
-def check_fence(c: Conn, turn_id: str, now: float) -> None:
+def check_fence(c: Conn, turn_id: str) -> None:
     """LeaseLost unless the turn runs (or resumes) with its lease held. Inside a write
     transaction, which holds the file's write lock: no turn can start before its COMMIT."""
+    now = time.time()
     row = turn_row(c, turn_id)
     if not turn_live(row, now):
         status = "unknown" if row is None else effective_status(row[3], row[9], now)

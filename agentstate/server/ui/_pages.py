@@ -15,7 +15,7 @@ from agentstate._runs import RunHead, parse_time
 from agentstate.errors import CursorExpired
 
 from .. import _json
-from .._access import SessionRule
+from .._access import SEE_ALL, SessionRule
 from .._api import raw_object
 from .._api import stored as stored_text
 from .._limits import LIMITS
@@ -185,9 +185,9 @@ def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int
     rh, snapshot = _head(db, run_id)
     first, last = (rh.first_seq, rh.next_seq - 1) if rh.next_seq > rh.first_seq else (None, None)
     newest = before is None or last is None or before > last
-    if last is None:
+    if first is None or last is None:
         raw_rows = []
-    elif newest:
+    elif newest or before is None:
         raw_rows = db._ops.run_tail(run_id, size)
     else:
         since = max(first, before - size)
@@ -195,7 +195,8 @@ def run_page(db: agentstate.Database, run_id: str, before: int | None, size: int
     rows = [_shown(text, seq) for seq, text in raw_rows]
     lo = rows[0]["seq"] if rows else None
     older = lo if lo is not None and first is not None and lo > first else None
-    newer = None if newest or before is None or before + size > last else before + size
+    newer = None if newest or before is None or last is None or before + size > last \
+        else before + size
     return RunPage(run_id, rh.summary, rows, first, last, older, newer, newest, rh.snapshot,
                    _raw_page(raw_rows, snapshot))
 
@@ -204,3 +205,12 @@ def snapshot_page(db: agentstate.Database, run_id: str) -> tuple[Any, bytes]:
     """A run's snapshot on a page of its own (the history is not read), and as stored."""
     rh, snapshot = _head(db, run_id)
     return rh.snapshot, stored_text(snapshot)
+
+
+def turn_live(db: agentstate.Database, turn_id: str) -> bool:
+    """Whether a turn holds its lease (a once() claim fenced by it is still live); whoever
+    asks, as runs have no owner and only the claim's state is shown."""
+    try:
+        return db.sessions.get_turn(turn_id, SEE_ALL).status in ("running", "resuming")
+    except agentstate.AgentStateError:
+        return False

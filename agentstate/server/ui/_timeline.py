@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentstate.backends.base import call_state
+
 LATER_CAP = 10_000  # entries after the page searched for a call's result
 CHUNK = 20  # entries read at a time: each may be 16 MiB (the store's limit)
 
@@ -28,6 +30,7 @@ class Item:
     result: dict[str, Any] | None = None  # a call's result, when paired
     unknown: bool = False  # a call load() would give a synthetic "unknown" result
     unsure: bool = False  # no result within LATER_CAP entries after the page
+    claim: str | None = None  # a claim of once() with no result: "in_progress" or "in_doubt"
     paired_above: bool = False  # a result shown with its call on this page
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -81,3 +84,13 @@ def timeline(entries: list[dict[str, Any]],
         for call in open_calls.values():
             call.unsure = True
     return items
+
+
+def mark_claims(items: list[Item], fence_live: Callable[[str], bool], now: float) -> None:
+    """Name the calls with no result that ``runs.once()`` claimed (SPEC §14): in progress
+    while their claim is live, else in doubt, by the rule once() applies."""
+    for it in items:
+        if it.kind == "call" and (it.unknown or it.unsure) and "at" in it.entry:
+            fence = it.entry.get("fence")
+            live = fence_live(fence) if isinstance(fence, str) else None
+            it.claim = call_state(it.entry, live, now)

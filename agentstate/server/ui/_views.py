@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from importlib import resources
@@ -28,7 +30,7 @@ from .._limits import LIMITS
 from . import _pages as pages
 from . import _render
 from ._signin import COOKIE, SignIn, SignIns, csrf_ok, safe_next, same_origin
-from ._timeline import timeline
+from ._timeline import mark_claims, timeline
 
 if TYPE_CHECKING:
     from .._api import API
@@ -183,6 +185,8 @@ class UI:
         budget = [LIMITS.run_page_search]
         items = await h.blocking(timeline, rp.entries,
                                  lambda since, n: pages.entries(self.db, run_id, since, n, budget))
+        await h.blocking(mark_claims, items, functools.partial(pages.turn_live, self.db),
+                         time.time())
         return await self.render(request, "run.html", s, rp=rp, items=items,
                            watch=f"run::{run_id}" if rp.newest else "")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 from starlette.responses import Response
 
 import agentstate
@@ -40,13 +38,9 @@ async def health(api: API, c: Call) -> Response:
     return h.JSON({"ok": True, "version": agentstate.__version__})
 
 
-@functools.cache
-def _document() -> bytes:
-    from .._routes import ROUTES
-    from ..openapi import document
-
-    return h.dumps(document(ROUTES))  # the same for every caller: made once
-
-
 async def openapi(api: API, c: Call) -> Response:
-    return Response(_document(), media_type="application/json")
+    if api.document is None:  # the same for every caller: made once
+        from ..openapi import document
+
+        api.document = h.dumps(document(api.routes))
+    return Response(api.document, media_type="application/json")

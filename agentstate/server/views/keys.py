@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.responses import Response
@@ -158,7 +159,7 @@ async def batch(api: API, c: Call) -> Response:
 async def get_many(api: API, c: Call) -> Response:
     s = await scope(api, c)
     b = await c.json(GetManyBody)
-    found = await h.blocking(s.get_many, b.keys)
+    found = await h.blocking(_decoded, s.get_many, b.keys)
     return await c.answer({"values": {k: {"value": v.value, "version": v.version}
                                       for k, v in found.items()}})
 
@@ -167,10 +168,20 @@ async def items(api: API, c: Call) -> Response:
     s = await scope(api, c)
     after, limit = c.q("after") or None, h.query_int(c.request, "limit", None, lo=0,
                                                       hi=LIMITS.list_page)
-    got = await h.blocking(s.items, c.q("prefix", "") or "", after=after, limit=limit)
+    got = await h.blocking(_decoded, s.items, c.q("prefix", "") or "", after=after, limit=limit)
     return await c.answer({"items": [{"key": k, "value": v.value, "version": v.version}
                                      for k, v in got],
                            "next": got[-1][0] if limit and len(got) == limit else None})
+
+
+def _decoded(read: Any, *args: Any, **kwargs: Any) -> Any:
+    """A read of several values; stored bytes that are not JSON cannot be one (as for a
+    single key: 400, read that key as application/octet-stream)."""
+    try:
+        return read(*args, **kwargs)
+    except json.JSONDecodeError as e:
+        raise InvalidValue(f"a stored bytes value is not JSON ({e}): read that key with "
+                           "Accept: application/octet-stream") from None
 
 
 async def clear(api: API, c: Call) -> Response:
