@@ -482,6 +482,27 @@ def test_one_saver_and_store_serve_many_event_loops(db, saver):
     assert errors == []
 
 
+def test_a_call_inside_a_transaction_of_a_fresh_thread_is_part_of_it(db, saver):
+    """A saver call made inside db.transaction() runs in that transaction, whatever the
+    thread: rolled back with it, never waiting for the lock its own thread holds."""
+    outcome: list[Any] = []
+
+    def fresh() -> None:
+        try:
+            with db.transaction():
+                saver.put(config("t"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0},
+                          {"v": 1})
+                raise KeyError("undo")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome.append(e)
+
+    thread = threading.Thread(target=fresh)
+    thread.start()
+    thread.join(60)
+    assert [type(e) for e in outcome] == [KeyError]
+    assert saver.get_tuple(config("t")) is None
+
+
 # -- the store ---------------------------------------------------------------------------
 
 

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import concurrent.futures
 import functools
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import agentstate
+from agentstate.backends.sqlite.store import Store as SqliteStore
 from agentstate.integrations._escape import escape, unescape
 
 INLINE = 2048  # bytes: a payload this small stays inside its JSON record
@@ -218,24 +218,6 @@ def conn_string(path: str) -> Iterator[agentstate.Database]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The async twin of a method: the same call in a worker thread.
-
-    SQLite waits (locks, fsync) happen off the event loop; nothing bound to a
-    loop is kept, so one object serves any number of loops. A cancelled caller
-    stops waiting, while the call itself still ends whole: each call is one
-    transaction, committed or rolled back, never half-written.
-    """
-
-    @functools.wraps(fn)
-    async def twin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, self, *args, **kwargs)
-
-    twin.__name__ = twin.__qualname__ = "a" + fn.__name__
-    twin.__doc__ = f"Async twin of ``{fn.__name__}``, run in a worker thread.\n\n{fn.__doc__ or ''}"
-    return twin
-
-
 # -- which thread a sync call runs on -------------------------------------------------
 
 POOL_THREADS = 4  # at most this many calls of one database's adapters run on the pool at once
@@ -251,9 +233,16 @@ def _mark_pool_thread() -> None:
     _here.calls = DIRECT_AFTER
 
 
-def _direct() -> bool:
-    """Whether this thread runs its calls itself: the main thread, the pool's threads,
-    and any thread once it has made DIRECT_AFTER calls (it is not a throwaway)."""
+def _direct(db: agentstate.Database) -> bool:
+    """Whether this thread runs its calls itself: always, unless the database is a
+    SQLite file (whose connections are per thread) and this thread has no connection
+    to it yet and is new here: not the main thread, not one of the pool's, and not
+    one that made DIRECT_AFTER calls (it is no throwaway). A thread inside
+    ``db.transaction()`` or ``db.snapshot()`` has its connection, so its calls are
+    part of that (on the pool they would wait for its lock, or not see its snapshot)."""
+    store = getattr(db._ops, "store", None)
+    if not isinstance(store, SqliteStore) or getattr(store._local, "conn", None) is not None:
+        return True
     n = getattr(_here, "calls", 0)
     if n >= DIRECT_AFTER:
         return True
@@ -280,14 +269,12 @@ def pool(db: agentstate.Database) -> concurrent.futures.ThreadPoolExecutor:
 def on_pool(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A sync method that runs in the calling thread if that thread keeps its connection
     (``_direct``), else on the database's pool, waiting for it there. The object must
-    have ``db``. (Not for a caller inside ``db.transaction()`` in a fresh thread: the
-    pool's thread would wait for that transaction's lock.)"""
+    have ``db``."""
 
     @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _direct():
+        if _direct(self.db):
             return fn(self, *args, **kwargs)
         return pool(self.db).submit(fn, self, *args, **kwargs).result()
 
-    method.__wrapped__ = fn  # type: ignore[attr-defined]
     return method

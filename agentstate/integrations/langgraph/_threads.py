@@ -85,7 +85,7 @@ def prune(saver: AgentStateSaver, thread_ids: Sequence[str], strategy: str) -> N
     for thread_id in thread_ids:
         scope = saver._scope(thread_id)
         with saver.db.transaction():
-            victims = set()
+            victims: set[str] = set()
             for n in list(keys(scope, "n.")):
                 found = list(_all(scope, f"c.{n[2:]}."))
                 by_base = {f.base: f for f in found}

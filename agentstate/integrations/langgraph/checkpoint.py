@@ -38,10 +38,11 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 import agentstate
+from agentstate._twins import async_twin
 
 from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
-                      in_thread, keys, on_pool, segment, token, write)
+                      keys, on_pool, segment, token, write)
 from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, array, array_header,
                       blob, checkpoints, content_hash, jsonable, matches, names, normal, payload_keys, pending,
                       run_token, segments, thread_token)
@@ -123,7 +124,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         scope = self._scope(thread_id)
         s, base = names(ns, cid)
         parent_base = names(ns, parent_id)[1] if parent_id else None
-        metadata = get_checkpoint_metadata(config, metadata)
+        meta: dict[str, Any] = dict(get_checkpoint_metadata(config, metadata))
         for attempt in range(3):
             # Serialized outside the write lock, against the parent as last seen; the
             # transaction checks it is still the one stored (its version), since a
@@ -135,7 +136,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                     stored = scope.get_versioned(parent_base + ".r")
                     if stored.value is not None:
                         parent = Parent(stored.value, stored.version)
-            record, blobs = self._record(scope, checkpoint, metadata, new_versions, ns, s,
+            record, blobs = self._record(scope, checkpoint, meta, new_versions, ns, s,
                                          parent_id, parent)
             with self.db.transaction():
                 if parent_base and scope.get_versioned(parent_base + ".r").version != \
@@ -290,7 +291,8 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         scope = self._scope(conf["thread_id"])
         base = names(conf.get("checkpoint_ns", ""), conf["checkpoint_id"])[1]
         replace = all(ch in WRITES_IDX_MAP for ch, _ in writes)
-        entries, large = [], []
+        entries: list[dict[str, Any]] = []
+        large: list[tuple[str, Any]] = []
         for i, (channel, value) in enumerate(writes):
             t, data = self.serde.dumps_typed(value)
             seg = segment(f"{payload_keys(base)}{uuid.uuid4().hex[:24]}", data, large)
@@ -486,13 +488,13 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
 
     # -- async twins ----------------------------------------------------------------------
 
-    aput = in_thread(put)
-    aput_writes = in_thread(put_writes)
-    aget_tuple = in_thread(get_tuple)
-    adelete_thread = in_thread(delete_thread)
-    adelete_for_runs = in_thread(delete_for_runs)
-    acopy_thread = in_thread(copy_thread)
-    aprune = in_thread(prune)
+    aput = async_twin(put)
+    aput_writes = async_twin(put_writes)
+    aget_tuple = async_twin(get_tuple)
+    adelete_thread = async_twin(delete_thread)
+    adelete_for_runs = async_twin(delete_for_runs)
+    acopy_thread = async_twin(copy_thread)
+    aprune = async_twin(prune)
 
     async def alist(
         self,

@@ -50,8 +50,9 @@ from langgraph.store.base import (
 )
 
 import agentstate
+from agentstate._twins import async_twin
 
-from ._common import PAGE, conn_string, digest, esc, get_json, in_thread, keys, token, unesc
+from ._common import PAGE, conn_string, digest, esc, get_json, keys, token, unesc
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class AgentStateStore(BaseStore):
                     self._refresh(key, item, now)
         return results
 
-    abatch = in_thread(batch)
+    abatch = async_twin(batch)
 
     # -- keys ------------------------------------------------------------------------------
 
