@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import heapq
+import itertools
 import json
 import logging
 import re
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 _FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
 _OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 _NUMBER_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+MANY = 1000  # keys one get_many reads at most
 _FAR = 10**17  # microseconds; 17 digits hold any time this side of year 5000
 
 
@@ -176,7 +178,8 @@ class AgentStateStore(BaseStore):
         """Items of the namespaces under ``op.namespace_prefix``, newest update first.
 
         Walks the recency index of each namespace, merged, so it reads the items
-        it returns, plus those a filter turns down. (``query`` needs an
+        it returns, plus those a filter turns down: as many as are still wanted
+        in one ``get_many``. (``query`` needs an
         embedding index, which this store does not have; it is ignored, as
         LangGraph's SQLite store ignores it without one.)
         """
@@ -187,18 +190,28 @@ class AgentStateStore(BaseStore):
                    for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
         found: list[SearchItem] = []
         skip = op.offset
-        for stamp, n, key_token in heapq.merge(*streams):
-            key = f"i.{n}:{key_token}"
-            item = get_json(self._scope, key)
-            if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
-                continue  # gone, updated since the index was read, or filtered out
-            if skip:
-                skip -= 1
-                continue
-            self._want_refresh(op.refresh_ttl, key, item, refresh)
-            found.append(_item(item, SearchItem))
-            if len(found) == op.limit:
+        merged = heapq.merge(*streams)
+        size = 0
+        while len(found) < op.limit:
+            # The next candidates, as many as are still wanted (twice as many as last
+            # time when a filter turned some down), in one read.
+            size = min(max(skip + op.limit - len(found), 2 * size if op.filter else 0), MANY)
+            batch = [(stamp, f"i.{n}:{key_token}")
+                     for stamp, n, key_token in itertools.islice(merged, size)]
+            if not batch:
                 break
+            items = self._scope.get_many([key for _stamp, key in batch])
+            for stamp, key in batch:
+                item = items[key].value
+                if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
+                    continue  # gone, updated since the index was read, or filtered out
+                if skip:
+                    skip -= 1
+                    continue
+                self._want_refresh(op.refresh_ttl, key, item, refresh)
+                found.append(_item(item, SearchItem))
+                if len(found) == op.limit:
+                    break
         return found
 
     def _recent(self, n: str, first: int) -> Iterator[tuple[str, str, str]]:
