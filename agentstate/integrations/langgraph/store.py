@@ -178,24 +178,25 @@ class AgentStateStore(BaseStore):
         """Items of the namespaces under ``op.namespace_prefix``, newest update first.
 
         Walks the recency index of each namespace, merged, so it reads the items
-        it returns, plus those a filter turns down: as many as are still wanted
-        in one ``get_many``. (``query`` needs an
-        embedding index, which this store does not have; it is ignored, as
-        LangGraph's SQLite store ignores it without one.)
+        it returns, plus those a filter turns down, a ``get_many`` of candidates at
+        a time. (``query`` needs an embedding index, which this store does not
+        have; it is ignored, as LangGraph's SQLite store ignores it without one.)
         """
         want = op.offset + op.limit
         if op.limit <= 0:
             return []
-        streams = [self._recent(n, want + 1)
+        # With a filter, more candidates than wanted (it may turn most down): 8 times as
+        # many in the first read, twice as many in each next one.
+        first = min(8 * want, MANY) if op.filter else want
+        streams = [self._recent(n, first + 1)
                    for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
         found: list[SearchItem] = []
         skip = op.offset
         merged = heapq.merge(*streams)
         size = 0
         while len(found) < op.limit:
-            # The next candidates, as many as are still wanted (twice as many as last
-            # time when a filter turned some down), in one read.
-            size = min(max(skip + op.limit - len(found), 2 * size if op.filter else 0), MANY)
+            # The next candidates, in one read.
+            size = min(max(skip + op.limit - len(found), 2 * size if size else first), MANY)
             batch = [(stamp, f"i.{n}:{key_token}")
                      for stamp, n, key_token in itertools.islice(merged, size)]
             if not batch:
