@@ -131,6 +131,7 @@ def bench_checkpoints(s: Pair, histories: list[int], repeats: int, rows: list) -
         for name in names:
             for _ in range(h):
                 chains[name].put(s.sync[name])
+        s.settle()
         cfg = {"configurable": {"thread_id": f"h{h}", "checkpoint_ns": ""}}
         samples: dict[tuple[str, str], list[float]] = {}
         for _ in range(repeats):
@@ -156,6 +157,7 @@ def bench_growth(s: Pair, lengths: list[int], repeats: int, rows: list) -> int:
         for name in names:
             while chats[name].step < n:
                 chats[name].put(s.sync[name], chat=True)
+        s.settle()
         cfg = {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}}
         samples: dict[tuple[str, str], list[float]] = {}
         for _ in range(repeats):
@@ -177,6 +179,7 @@ def bench_store(s: Pair, counts: list[int], repeats: int, rows: list) -> None:
         for store in stores.values():
             for i in range(n):
                 store.put(ns, f"m{i}", {"text": MESSAGE, "kind": "fact" if i % 10 == 0 else "chat", "i": i})
+        s.settle()
         samples: dict[tuple[str, str], list[float]] = {}
         for _ in range(repeats):
             for name in random.sample(list(stores), len(stores)):

@@ -50,6 +50,10 @@ class Pair:
         self._exits.append(lambda: self.loop.run_until_complete(cm.__aexit__(None, None, None)))
         return got
 
+    def settle(self) -> None:
+        """After a bulk load, before timing: what the database would have done by itself
+        a little later (PostgreSQL's autovacuum gathers the new tables' statistics)."""
+
     def close(self) -> None:
         for fn in reversed(self._exits):
             fn()
@@ -93,19 +97,31 @@ class PostgresPair(Pair):
         from psycopg.rows import dict_row
 
         super().__init__()
-        db = agentstate.open(fresh())
+        self.urls = [fresh(), fresh(), fresh()]
+        db = agentstate.open(self.urls[0])
         self._exits.append(db.close)
-        theirs = fresh()
+        theirs = self.urls[1]
         conn = psycopg.connect(theirs, autocommit=True, prepare_threshold=0, row_factory=dict_row)
         self._exits.append(conn.close)
         saver = PostgresSaver(conn)
         saver.setup()
         aio = self._aenter(AsyncPostgresSaver.from_conn_string(theirs))
-        store = self._enter(PostgresStore.from_conn_string(fresh()))
+        store = self._enter(PostgresStore.from_conn_string(self.urls[2]))
         store.setup()
         self.sync = {"agentstate": AgentStateSaver(db), "langgraph": saver}
         self.aio = {"agentstate": self.sync["agentstate"], "langgraph": aio}
         self.stores = {"agentstate": AgentStateStore(db), "langgraph": store}
+
+    def settle(self) -> None:
+        """ANALYZE every table of the three schemas: until autovacuum has, a table filled
+        a moment ago has no statistics and the planner may scan where it would probe."""
+        import psycopg
+
+        for url in self.urls:
+            with psycopg.connect(url, autocommit=True) as c:
+                for (table,) in c.execute("SELECT tablename FROM pg_tables "
+                                          "WHERE schemaname = current_schema()").fetchall():
+                    c.execute(f'ANALYZE "{table}"')
 
 
 # -- a graph step end to end ---------------------------------------------------------------
