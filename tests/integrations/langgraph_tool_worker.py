@@ -90,6 +90,7 @@ def main() -> None:
     with agentstate.open(path) as db:
         try:
             db.runs.write(thread, [], {"langgraph_thread": thread}, create=True)
+            db.runs.pin(thread)
         except agentstate.RunExists:
             pass
         graph = build(db, effects, crash, float(lease))
