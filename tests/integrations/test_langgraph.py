@@ -522,6 +522,28 @@ def test_store_search_pages_newest_first_with_filters(db):
     assert store.list_namespaces() == [("mem", "u1"), ("mem", "u2")]
 
 
+def test_store_filtered_search_across_many_reads_matches_a_scan(db):
+    """A search whose filter turns down most items reads candidates in several rounds
+    (of growing size, two namespaces merged): its pages are a plain scan's, newest first."""
+    store = AgentStateStore(db)
+    order: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace label, key) -> value, oldest first
+    for i in range(360):
+        ns, key = "ab"[i % 2], f"k{i % 300}"  # the last 60 update earlier items
+        value = {"i": i, "rare": i % 23 == 0, "some": i % 5 == 0}
+        store.put(("big", ns), key, value)
+        order.pop((ns, key), None)
+        order[(ns, key)] = value
+    for i in range(0, 300, 7):
+        store.delete(("big", "ab"[i % 2]), f"k{i}")
+        order.pop(("ab"[i % 2], f"k{i}"), None)
+    newest = list(reversed(order.items()))
+    for filt in ({"rare": True}, {"some": True}, {"rare": False}):
+        want = [key for (_ns, key), v in newest if all(v[f] == x for f, x in filt.items())]
+        for limit, offset in ((1, 0), (4, 0), (5, 3), (50, 7)):
+            got = [item.key for item in store.search(("big",), filter=filt, limit=limit, offset=offset)]
+            assert got == want[offset:offset + limit], (filt, limit, offset)
+
+
 def test_store_expired_items_are_gone_before_any_sweep(db):
     store = AgentStateStore(db, ttl={"default_ttl": 1 / 60})
     store.put(("t",), "short", {"v": 1})

@@ -186,26 +186,27 @@ class AgentStateStore(BaseStore):
         if op.limit <= 0:
             return []
         # With a filter, more candidates than wanted (it may turn most down): 8 times as
-        # many in the first read, twice as many in each next one.
+        # many in the first read; then as many as the share it let through says are
+        # needed, with a margin (twice as many as last time if it let none through).
         first = min(8 * want, MANY) if op.filter else want
         streams = [self._recent(n, first + 1)
                    for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
         found: list[SearchItem] = []
         skip = op.offset
         merged = heapq.merge(*streams)
-        size = 0
+        size = first
         while len(found) < op.limit:
-            # The next candidates, in one read.
-            size = min(max(skip + op.limit - len(found), 2 * size if size else first), MANY)
             batch = [(stamp, f"i.{n}:{key_token}")
                      for stamp, n, key_token in itertools.islice(merged, size)]
             if not batch:
                 break
-            items = self._scope.get_many([key for _stamp, key in batch])
+            items = self._scope.get_many([key for _stamp, key in batch])  # one read
+            passed = 0
             for stamp, key in batch:
                 item = items[key].value
                 if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
                     continue  # gone, updated since the index was read, or filtered out
+                passed += 1
                 if skip:
                     skip -= 1
                     continue
@@ -213,6 +214,8 @@ class AgentStateStore(BaseStore):
                 found.append(_item(item, SearchItem))
                 if len(found) == op.limit:
                     break
+            need = skip + op.limit - len(found)
+            size = min(-(-need * 5 * len(batch) // (4 * passed)) if passed else 2 * len(batch), MANY)
         return found
 
     def _recent(self, n: str, first: int) -> Iterator[tuple[str, str, str]]:
