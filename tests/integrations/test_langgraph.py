@@ -503,6 +503,32 @@ def test_a_call_inside_a_transaction_of_a_fresh_thread_is_part_of_it(db, saver):
     assert saver.get_tuple(config("t")) is None
 
 
+def _in_fresh_thread(fn: Any) -> list[Any]:
+    """fn() in a new thread, given a minute: [its result], or [] if it did not return."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(60)
+    return out
+
+
+def _child_reads_from_a_fresh_thread(saver: AgentStateSaver) -> None:
+    got = _in_fresh_thread(lambda: saver.get_tuple(config("f")))
+    raise SystemExit(0 if got and got[0].checkpoint["channel_values"] == {"v": 1} else 3)
+
+
+def test_a_forked_child_calls_from_a_fresh_thread(db, saver):
+    """A process fork()ed (while idle) after the saver was used from fresh threads calls it
+    from a fresh thread of its own: it does not wait for the parent's pool threads."""
+    saver.put(config("f"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0}, {"v": 1})
+    assert _in_fresh_thread(lambda: saver.get_tuple(config("f"))) != []  # ran on the pool
+    child = multiprocessing.get_context("fork").Process(target=_child_reads_from_a_fresh_thread,
+                                                        args=(saver,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+
+
 # -- the store ---------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ import concurrent.futures
 import functools
 import hashlib
 import json
+import os
 import shutil
 import string
 import tempfile
@@ -227,6 +228,17 @@ _here = threading.local()
 _pools: weakref.WeakKeyDictionary[agentstate.Database, concurrent.futures.ThreadPoolExecutor] = \
     weakref.WeakKeyDictionary()
 _pools_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    """A fork()ed child has none of the pools' threads (a pool would wait for them
+    forever), and the lock may have been held by a thread it does not have."""
+    global _pools_lock
+    _pools_lock = threading.Lock()
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _mark_pool_thread() -> None:
