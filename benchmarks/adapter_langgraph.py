@@ -340,8 +340,13 @@ READING = """## Reading the figures
 - The chat's file is 24x smaller than LangGraph's SQLite saver's, whose every
   checkpoint holds the whole message list.
 - A graph's turn: three node steps, four checkpoints and their writes, a store put
-  and a search; LangGraph's own work (serializing, scheduling tasks on threads) is
-  most of the time on both sides.
+  and a search. With `invoke`, LangGraph writes a step's checkpoint on a background
+  thread while the next node runs, so the node's store put and the checkpoint's put
+  are two write transactions of one process at once: agentstate's second one waits
+  in its busy handler, which sleeps 0.25 ms and more between tries (a profile of 20
+  turns: 36-52 sleeps, 46-89 ms, 2-4 ms a turn), where LangGraph's saver and store,
+  two files here, never wait for each other. That, and the noise, is most of the
+  gap, and why `invoke` moves between runs (0.5x-1.2x in three runs of this file).
 """.splitlines()
 
 
@@ -392,6 +397,7 @@ def main() -> None:
         *section("SQLite", lite, theirs, chat),
         *(section("PostgreSQL", pg[1], pg[0]) if pg else []),
         *READING,
+        "",
         "See the module docstring of `benchmarks/adapter_langgraph.py` for the workloads.",
     ]
     path = os.path.join(args.out, "ADAPTER-LANGGRAPH.md")
