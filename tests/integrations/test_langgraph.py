@@ -22,7 +22,7 @@ from langgraph.graph.message import add_messages
 import agentstate
 from agentstate.integrations.langgraph import AgentStateSaver, AgentStateStore
 from agentstate.integrations.langgraph._common import descending, esc, unesc
-from agentstate.integrations.langgraph.checkpoint import _names
+from agentstate.integrations.langgraph._layout import names
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ def test_a_real_graph_reads_back_as_with_the_in_memory_saver(saver):
     mine = [s.values for s in ours.get_state_history(cfg)]
     assert mine == [s.values for s in theirs.get_state_history(cfg)] and len(mine) == 120
     scope = saver._scope("chat")
-    newest = scope.get(scope.list("c..", limit=1)[0])
+    newest = scope.get(next(k for k in scope.list("c..") if k.endswith(".r")))
     assert len(newest["channels"]["messages"]["segs"]) <= 10
 
 
@@ -229,9 +229,9 @@ def test_a_checkpoint_id_with_other_content_is_refused(saver):
 
 def test_a_record_of_a_newer_format_is_refused(saver):
     stored = saver.put(config("f"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0}, {"v": 1})
-    scope, key = saver._scope("f"), _names("", cid(1))[1]
+    scope, key = saver._scope("f"), names("", cid(1))[1] + ".r"
     record = scope.get(key)
-    scope.put(key, {**record, "format": 2})
+    scope.put(key, {**record, "format": 3})
     with pytest.raises(agentstate.SchemaTooNew):
         saver.get_tuple(stored)
 
@@ -251,8 +251,8 @@ def test_prune_and_delete_for_runs_keep_the_bytes_survivors_use(db, saver):
     assert only.checkpoint["channel_values"]["docs"] == "D" * 5000
     assert only.pending_writes == [("task-4", "messages", "pending 4")]
     scope = saver._scope("p")
-    kept = _names("", only.checkpoint["id"])[1]
-    assert [k for k in scope.list("c.")] == [kept, f"{kept}.w.task-4.0"]
+    kept = names("", only.checkpoint["id"])[1]
+    assert [k for k in scope.list("c.")] == [f"{kept}.p", f"{kept}.r"]
     saver.delete_thread("p")
     assert scope.list("") == [] and list(saver.list(None)) == []
     assert db.scope("app", "langgraph.saver").list("") == []
@@ -482,6 +482,53 @@ def test_one_saver_and_store_serve_many_event_loops(db, saver):
     assert errors == []
 
 
+def test_a_call_inside_a_transaction_of_a_fresh_thread_is_part_of_it(db, saver):
+    """A saver call made inside db.transaction() runs in that transaction, whatever the
+    thread: rolled back with it, never waiting for the lock its own thread holds."""
+    outcome: list[Any] = []
+
+    def fresh() -> None:
+        try:
+            with db.transaction():
+                saver.put(config("t"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0},
+                          {"v": 1})
+                raise KeyError("undo")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome.append(e)
+
+    thread = threading.Thread(target=fresh)
+    thread.start()
+    thread.join(60)
+    assert [type(e) for e in outcome] == [KeyError]
+    assert saver.get_tuple(config("t")) is None
+
+
+def _in_fresh_thread(fn: Any) -> list[Any]:
+    """fn() in a new thread, given a minute: [its result], or [] if it did not return."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(60)
+    return out
+
+
+def _child_reads_from_a_fresh_thread(saver: AgentStateSaver) -> None:
+    got = _in_fresh_thread(lambda: saver.get_tuple(config("f")))
+    raise SystemExit(0 if got and got[0].checkpoint["channel_values"] == {"v": 1} else 3)
+
+
+def test_a_forked_child_calls_from_a_fresh_thread(db, saver):
+    """A process fork()ed (while idle) after the saver was used from fresh threads calls it
+    from a fresh thread of its own: it does not wait for the parent's pool threads."""
+    saver.put(config("f"), checkpoint(cid(1), {"v": 1}, {"v": 1}), {"step": 0}, {"v": 1})
+    assert _in_fresh_thread(lambda: saver.get_tuple(config("f"))) != []  # ran on the pool
+    child = multiprocessing.get_context("fork").Process(target=_child_reads_from_a_fresh_thread,
+                                                        args=(saver,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+
+
 # -- the store ---------------------------------------------------------------------------
 
 
@@ -499,6 +546,28 @@ def test_store_search_pages_newest_first_with_filters(db):
     assert [i.key for i in store.search(("mem", "u2"), filter={"tag": {"$ne": "even"}}, limit=3)] \
         == ["k21", "k15", "k9"]
     assert store.list_namespaces() == [("mem", "u1"), ("mem", "u2")]
+
+
+def test_store_filtered_search_across_many_reads_matches_a_scan(db):
+    """A search whose filter turns down most items reads candidates in several rounds
+    (of growing size, two namespaces merged): its pages are a plain scan's, newest first."""
+    store = AgentStateStore(db)
+    order: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace label, key) -> value, oldest first
+    for i in range(360):
+        ns, key = "ab"[i % 2], f"k{i % 300}"  # the last 60 update earlier items
+        value = {"i": i, "rare": i % 23 == 0, "some": i % 5 == 0}
+        store.put(("big", ns), key, value)
+        order.pop((ns, key), None)
+        order[(ns, key)] = value
+    for i in range(0, 300, 7):
+        store.delete(("big", "ab"[i % 2]), f"k{i}")
+        order.pop(("ab"[i % 2], f"k{i}"), None)
+    newest = list(reversed(order.items()))
+    for filt in ({"rare": True}, {"some": True}, {"rare": False}):
+        want = [key for (_ns, key), v in newest if all(v[f] == x for f, x in filt.items())]
+        for limit, offset in ((1, 0), (4, 0), (5, 3), (50, 7)):
+            got = [item.key for item in store.search(("big",), filter=filt, limit=limit, offset=offset)]
+            assert got == want[offset:offset + limit], (filt, limit, offset)
 
 
 def test_store_expired_items_are_gone_before_any_sweep(db):

@@ -1,4 +1,5 @@
-"""The LangGraph benchmark's smoke mode runs and writes its tables (speed is not asserted)."""
+"""The LangGraph benchmark's smoke mode runs on SQLite and PostgreSQL and writes its tables
+(speed is not asserted)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def test_quick_benchmark_writes_its_tables(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     report = (tmp_path / "ADAPTER-LANGGRAPH.md").read_text()
-    for heading in ("## Checkpoints", "## A growing chat", "## Store"):
-        assert heading in report
+    for backend in ("## SQLite", "## PostgreSQL"):
+        assert backend in report
+    for heading in ("### Checkpoints", "### A growing chat", "### Store", "### A graph's turn"):
+        assert report.count(heading) == 2
     rows = [line for line in report.splitlines() if line.startswith("| ") and line.endswith("x |")]
-    assert len(rows) == 12 + 4 + 8  # saver ops at 2 sizes, chat put and get at 2, store ops at 2
+    # per backend: saver ops at 2 sizes, chat put and get at 2, store ops at 2, two graph runs
+    assert len(rows) == 2 * (12 + 4 + 8 + 2)

@@ -9,19 +9,26 @@
   for one value), so nothing is too large to store.
 - ``conn_string``: open an agentstate file where LangGraph's SQLite classes
   take a path (``from_conn_string``), including ``":memory:"``.
+- ``on_pool``: where a sync call runs. LangGraph runs a step's checkpoint
+  writes on threads it has just started, and an agentstate ``Database``
+  opens one connection per thread (about 2 ms each under load): a call from a
+  thread new to the adapters runs on a small pool of long-lived threads of
+  the database instead, which keep theirs (benchmarks/ADAPTER-LANGGRAPH.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import concurrent.futures
 import functools
 import hashlib
 import json
+import os
 import shutil
 import string
 import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import agentstate
+from agentstate.backends.sqlite.store import Store as SqliteStore
 from agentstate.integrations._escape import escape, unescape
 
 INLINE = 2048  # bytes: a payload this small stays inside its JSON record
@@ -211,19 +219,74 @@ def conn_string(path: str) -> Iterator[agentstate.Database]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def in_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The async twin of a method: the same call in a worker thread.
+# -- which thread a sync call runs on -------------------------------------------------
 
-    SQLite waits (locks, fsync) happen off the event loop; nothing bound to a
-    loop is kept, so one object serves any number of loops. A cancelled caller
-    stops waiting, while the call itself still ends whole: each call is one
-    transaction, committed or rolled back, never half-written.
-    """
+POOL_THREADS = 4  # at most this many calls of one database's adapters run on the pool at once
+DIRECT_AFTER = 16  # a thread that made this many calls is long-lived: it keeps its own connection
+
+_here = threading.local()
+_pools: weakref.WeakKeyDictionary[agentstate.Database, concurrent.futures.ThreadPoolExecutor] = \
+    weakref.WeakKeyDictionary()
+_pools_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    """A fork()ed child has none of the pools' threads (a pool would wait for them
+    forever), and the lock may have been held by a thread it does not have."""
+    global _pools_lock
+    _pools_lock = threading.Lock()
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _mark_pool_thread() -> None:
+    _here.calls = DIRECT_AFTER
+
+
+def _direct(db: agentstate.Database) -> bool:
+    """Whether this thread runs its calls itself: always, unless the database is a
+    SQLite file (whose connections are per thread) and this thread has no connection
+    to it yet and is new here: not the main thread, not one of the pool's, and not
+    one that made DIRECT_AFTER calls (it is no throwaway). A thread inside
+    ``db.transaction()`` or ``db.snapshot()`` has its connection, so its calls are
+    part of that (on the pool they would wait for its lock, or not see its snapshot)."""
+    store = getattr(db._ops, "store", None)
+    if not isinstance(store, SqliteStore) or getattr(store._local, "conn", None) is not None:
+        return True
+    n = getattr(_here, "calls", 0)
+    if n >= DIRECT_AFTER:
+        return True
+    if threading.current_thread() is threading.main_thread():
+        _here.calls = DIRECT_AFTER
+        return True
+    _here.calls = n + 1
+    return False
+
+
+def pool(db: agentstate.Database) -> concurrent.futures.ThreadPoolExecutor:
+    """The database's pool for the adapters' calls (made at first use; its idle threads
+    end when the database object is dropped)."""
+    with _pools_lock:
+        found = _pools.get(db)
+        if found is None:
+            found = _pools[db] = concurrent.futures.ThreadPoolExecutor(
+                POOL_THREADS, thread_name_prefix="agentstate-langgraph",
+                initializer=_mark_pool_thread)
+            weakref.finalize(db, found.shutdown, wait=False)
+        return found
+
+
+def on_pool(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A sync method that runs in the calling thread if that thread keeps its connection
+    (``_direct``), else on the database's pool, waiting for it there. The object must
+    have ``db``."""
 
     @functools.wraps(fn)
-    async def twin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, self, *args, **kwargs)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _direct(self.db):
+            return fn(self, *args, **kwargs)
+        return pool(self.db).submit(fn, self, *args, **kwargs).result()
 
-    twin.__name__ = twin.__qualname__ = "a" + fn.__name__
-    twin.__doc__ = f"Async twin of ``{fn.__name__}``, run in a worker thread.\n\n{fn.__doc__ or ''}"
-    return twin
+    return method

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import heapq
+import itertools
 import json
 import logging
 import re
@@ -50,14 +51,16 @@ from langgraph.store.base import (
 )
 
 import agentstate
+from agentstate._twins import async_twin
 
-from ._common import PAGE, conn_string, digest, esc, get_json, in_thread, keys, token, unesc
+from ._common import PAGE, conn_string, digest, esc, get_json, keys, token, unesc
 
 logger = logging.getLogger(__name__)
 
 _FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
 _OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 _NUMBER_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+MANY = 1000  # keys one get_many reads at most
 _FAR = 10**17  # microseconds; 17 digits hold any time this side of year 5000
 
 
@@ -142,7 +145,7 @@ class AgentStateStore(BaseStore):
                     self._refresh(key, item, now)
         return results
 
-    abatch = in_thread(batch)
+    abatch = async_twin(batch)
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -175,29 +178,44 @@ class AgentStateStore(BaseStore):
         """Items of the namespaces under ``op.namespace_prefix``, newest update first.
 
         Walks the recency index of each namespace, merged, so it reads the items
-        it returns, plus those a filter turns down. (``query`` needs an
-        embedding index, which this store does not have; it is ignored, as
-        LangGraph's SQLite store ignores it without one.)
+        it returns, plus those a filter turns down, a ``get_many`` of candidates at
+        a time. (``query`` needs an embedding index, which this store does not
+        have; it is ignored, as LangGraph's SQLite store ignores it without one.)
         """
         want = op.offset + op.limit
         if op.limit <= 0:
             return []
-        streams = [self._recent(n, want + 1)
+        # With a filter, more candidates than wanted (it may turn most down): 8 times as
+        # many in the first read; then as many as the share it let through says are
+        # needed, with a margin (twice as many as last time if it let none through).
+        first = min(8 * want, MANY) if op.filter else want
+        streams = [self._recent(n, first + 1)
                    for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
         found: list[SearchItem] = []
         skip = op.offset
-        for stamp, n, key_token in heapq.merge(*streams):
-            key = f"i.{n}:{key_token}"
-            item = get_json(self._scope, key)
-            if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
-                continue  # gone, updated since the index was read, or filtered out
-            if skip:
-                skip -= 1
-                continue
-            self._want_refresh(op.refresh_ttl, key, item, refresh)
-            found.append(_item(item, SearchItem))
-            if len(found) == op.limit:
+        merged = heapq.merge(*streams)
+        size = first
+        while len(found) < op.limit:
+            batch = [(stamp, f"i.{n}:{key_token}")
+                     for stamp, n, key_token in itertools.islice(merged, size)]
+            if not batch:
                 break
+            items = self._scope.get_many([key for _stamp, key in batch])  # one read
+            passed = 0
+            for stamp, key in batch:
+                item = items[key].value
+                if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
+                    continue  # gone, updated since the index was read, or filtered out
+                passed += 1
+                if skip:
+                    skip -= 1
+                    continue
+                self._want_refresh(op.refresh_ttl, key, item, refresh)
+                found.append(_item(item, SearchItem))
+                if len(found) == op.limit:
+                    break
+            need = skip + op.limit - len(found)
+            size = min(-(-need * 5 * len(batch) // (4 * passed)) if passed else 2 * len(batch), MANY)
         return found
 
     def _recent(self, n: str, first: int) -> Iterator[tuple[str, str, str]]:
