@@ -92,12 +92,21 @@ export class Http {
     const url = this.url(route, params, o.query);
     let res: Response;
     try {
-      res = await this.fetch(url, { method: route.method, headers, body: body as BodyInit | undefined, signal: o.signal });
+      // A redirect is never followed: fetch would send the token, the principal, the fence
+      // and a write's body to wherever it points (or turn a write into a GET there, 303).
+      res = await this.fetch(url, {
+        method: route.method, headers, body: body as BodyInit | undefined, signal: o.signal, redirect: "manual" });
     } catch (e) {
       if (o.signal?.aborted) throw o.signal.reason;
       // The request may have reached the server and been done: a write's outcome is unknown.
       const why = e instanceof Error ? `${e.name}: ${e.message}${causeOf(e)}` : String(e);
       throw new StorageError(`${route.method} ${this.base}${route.path}: ${why}`, write);
+    }
+    if (res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400)) {
+      // agentstate never redirects: what answered is not the store, so nothing was done.
+      res.body?.cancel().catch(() => undefined);
+      throw new StorageError(`${route.method} ${this.base}${route.path}: the server answered ${res.status || "a redirect"}` +
+        `${redirectTarget(res)}, which is not followed: connect() to the URL agentstate serves`, false);
     }
     if (res.status >= 400) {
       let data: unknown = null;
@@ -142,4 +151,15 @@ export class Http {
 function causeOf(e: Error): string {
   const c = (e as { cause?: unknown }).cause;
   return c instanceof Error ? ` (${c.message})` : "";
+}
+
+/** " to ORIGIN" of a redirect's Location, when readable (only the origin: never a path's or userinfo's text). */
+function redirectTarget(res: Response): string {
+  const loc = res.headers.get("location");
+  if (!loc) return "";
+  try {
+    return ` to ${new URL(loc).origin}`;
+  } catch {
+    return "";
+  }
 }
