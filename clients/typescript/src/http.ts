@@ -48,10 +48,12 @@ export class Http {
   readonly base: string;
   // A private field: printing a client (console.log, util.inspect) never shows the token.
   readonly #headers: Record<string, string>;
+  readonly #token: string;
   private readonly fetch: Fetch;
 
   constructor(url: string, token: string, principal: string | undefined, fetchImpl: Fetch | undefined) {
     this.base = url.replace(/\/+$/, "");
+    this.#token = token;
     this.#headers = { authorization: `Bearer ${token}` };
     if (principal !== undefined) this.#headers["x-agentstate-principal"] = principal;
     const f = fetchImpl ?? (globalThis.fetch as Fetch | undefined);
@@ -90,6 +92,11 @@ export class Http {
     }
     const write = route.method !== "GET";
     const url = this.url(route, params, o.query);
+    if (!buildable(url, headers)) {
+      // Nothing was sent (not in doubt), and the platform's message would show the header's value.
+      throw new UsageError(`${route.method} ${this.base}${route.path}: the request cannot be built ` +
+        "(a header value or the URL cannot be sent); nothing was sent");
+    }
     let res: Response;
     try {
       // A redirect is never followed: fetch would send the token, the principal, the fence
@@ -100,7 +107,8 @@ export class Http {
       if (o.signal?.aborted) throw o.signal.reason;
       // The request may have reached the server and been done: a write's outcome is unknown.
       const why = e instanceof Error ? `${e.name}: ${e.message}${causeOf(e)}` : String(e);
-      throw new StorageError(`${route.method} ${this.base}${route.path}: ${why}`, write);
+      // An injected fetch's text may hold the request's headers: never the token in an error.
+      throw new StorageError(`${route.method} ${this.base}${route.path}: ${redact(why, this.#token)}`, write);
     }
     if (res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400)) {
       // agentstate never redirects: what answered is not the store, so nothing was done.
@@ -145,6 +153,22 @@ export class Http {
       if (e instanceof AgentStateError && e.status === 404) return null;
       throw e;
     }
+  }
+}
+
+/** `text` without `token` (a toy token of a few letters: only where it follows "Bearer "). */
+function redact(text: string, token: string): string {
+  return text.split(token.length >= 8 ? token : `Bearer ${token}`).join("***");
+}
+
+/** Whether fetch can build this request: a URL it parses, header values it can send. */
+function buildable(url: string, headers: Record<string, string>): boolean {
+  try {
+    new URL(url);
+    if (typeof Headers === "function") new Headers(headers); // the platform's own header check
+    return true;
+  } catch {
+    return false;
   }
 }
 
