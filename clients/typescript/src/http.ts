@@ -44,6 +44,19 @@ export function fill(path: string, params: Record<string, string>): string {
   });
 }
 
+/** The HTTP status of the answer each error was made from (none: the request got no answer). */
+const answered = new WeakMap<object, number>();
+
+/** The HTTP status of the answer `e` was made from; undefined for a network failure or a client's own error. */
+export function answerStatus(e: unknown): number | undefined {
+  return typeof e === "object" && e !== null ? answered.get(e) : undefined;
+}
+
+function fromAnswer<E extends Error>(status: number, e: E): E {
+  answered.set(e, status);
+  return e;
+}
+
 export class Http {
   readonly base: string;
   // A private field: printing a client (console.log, util.inspect) never shows the token.
@@ -113,8 +126,9 @@ export class Http {
     if (res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400)) {
       // agentstate never redirects: what answered is not the store, so nothing was done.
       res.body?.cancel().catch(() => undefined);
-      throw new StorageError(`${route.method} ${this.base}${route.path}: the server answered ${res.status || "a redirect"}` +
-        `${redirectTarget(res)}, which is not followed: connect() to the URL agentstate serves`, false);
+      throw fromAnswer(res.status || 302, new StorageError(`${route.method} ${this.base}${route.path}: the server ` +
+        `answered ${res.status || "a redirect"}${redirectTarget(res)}, which is not followed: connect() to the URL ` +
+        "agentstate serves", false));
     }
     if (res.status >= 400) {
       let data: unknown = null;
@@ -123,7 +137,7 @@ export class Http {
       } catch {
         data = null;
       }
-      throw fromBody(res.status, data, route.run === true, write);
+      throw fromAnswer(res.status, fromBody(res.status, data, route.run === true, write));
     }
     return res;
   }

@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { after } from "node:test";
 
-export interface Seen { method: string; url: string; headers: IncomingMessage["headers"]; body: string }
+/** A request as the server got it; `at`: when its body had come (performance.now(), ms). */
+export interface Seen { method: string; url: string; headers: IncomingMessage["headers"]; body: string; at: number }
 
 /** A loopback server answering with `handle`; every request it got, in `seen`. */
 export async function serve(handle: (req: IncomingMessage, res: ServerResponse, body: string) => void) {
@@ -17,7 +18,7 @@ export async function serve(handle: (req: IncomingMessage, res: ServerResponse, 
     req.setEncoding("utf8");
     req.on("data", (c: string) => { body += c; });
     req.on("end", () => {
-      seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
+      seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body, at: performance.now() });
       handle(req, res, body);
     });
   });
