@@ -120,15 +120,46 @@ export class Database {
 
 /**
  * A client of the agentstate server at `url` (`http://host:8765`).
- * :throws Unauthorized (no token), InvalidValue (not an http(s) URL), InvalidKey (principal)
+ * :throws Unauthorized (no token, or one that cannot be sent in a header), InvalidValue (not an
+ * http(s) base URL, or one with credentials), InvalidKey (principal)
  */
 export function connect(url: string, opts: ConnectOptions): Database {
-  if (typeof url !== "string" || !/^https?:\/\//i.test(url)) {
-    throw new InvalidValue(`connect() takes an http:// or https:// URL, got ${typeof url === "string" ? JSON.stringify(url) : typeof url}`);
-  }
+  const base = baseUrl(url);
   if (!opts || typeof opts.token !== "string" || opts.token.trim() === "") {
     throw new Unauthorized("connect() needs a token: agentstate tokens create NAME");
   }
+  const token = opts.token.trim();
+  // The server's tokens are URL-safe base64; anything a header cannot carry (a line break, a
+  // control character, a space, a non-ASCII letter) would fail in fetch, whose message shows
+  // the header, or inject another header. Refused here, without repeating it.
+  if (!/^[\x21-\x7e]+$/.test(token)) {
+    throw new Unauthorized("connect() was given a token that cannot be sent in a header (it has a line break, " +
+      "a space, a control character or a non-ASCII character): agentstate tokens create NAME makes one");
+  }
   const principal = opts.principal === undefined ? undefined : checkKey(opts.principal, "principal");
-  return new Database(new Http(url, opts.token.trim(), principal, opts.fetch));
+  return new Database(new Http(base, token, principal, opts.fetch));
+}
+
+/**
+ * The server's base URL, http(s), without `user:password@` (it would be in every error message
+ * and in `db.url`: the token is the credential), a query or a fragment (the routes follow the path).
+ * An error never repeats a URL that may hold a password.
+ */
+function baseUrl(url: unknown): string {
+  const want = "connect() takes the server's http:// or https:// URL";
+  if (typeof url !== "string") throw new InvalidValue(`${want}, got ${url === null ? "null" : typeof url}`);
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    throw new InvalidValue(`${want}, got a string that is not a URL`);
+  }
+  if (u.protocol !== "http:" && u.protocol !== "https:") throw new InvalidValue(`${want}, got a ${u.protocol} URL`);
+  if (u.username !== "" || u.password !== "") {
+    throw new InvalidValue(`${want} without credentials (user:password@): the token is given as { token }`);
+  }
+  if (u.search !== "" || u.hash !== "" || url.includes("?") || url.includes("#")) {
+    throw new InvalidValue(`${want} without a ?query or #fragment, got ${u.origin}${u.pathname}...`);
+  }
+  return (u.origin + u.pathname).replace(/\/+$/, "");
 }

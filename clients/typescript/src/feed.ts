@@ -4,7 +4,7 @@
  */
 
 import { AgentStateError, fromBody } from "./errors.js";
-import type { Http } from "./http.js";
+import { answerStatus, type Http } from "./http.js";
 import { checkInt, checkKey, checkKind, parse, type ScopeKind } from "./json.js";
 import { toChange, type Change } from "./types.js";
 import { ROUTES, type WireChange, type WireChanges, type WireHead } from "./wire.js";
@@ -14,8 +14,14 @@ const F = ROUTES.feed;
 const LONG_POLL = 25;
 /** A stream silent this long is taken for dead (the server sends a keep-alive every 15 s). */
 const IDLE_MS = 45_000;
-/** The longest pause between two reconnection attempts. */
-const MAX_BACKOFF_MS = 1_000;
+/**
+ * The pauses between reconnections: none after a stream that delivered a change, then from
+ * MIN doubling up to MAX (each drawn from its upper half, so that subscribers cut off together
+ * do not come back together) while the streams deliver nothing: a stream that ends at once
+ * (the server ends it on purpose while the store is busy) is not reopened in a tight loop.
+ */
+const MIN_BACKOFF_MS = 100;
+const MAX_BACKOFF_MS = 2_000;
 
 /** Which changes to see (SPEC §9's filters). */
 export interface FeedFilter {
@@ -84,33 +90,60 @@ export class Feed {
     const { signal } = opts;
     const flt = filterQuery(opts);
     let cursor = since === undefined ? await this.lastChange() : checkInt("since", since);
-    let backoff = 0;
+    let backoff = 0; // the pause before the next reconnection
     while (!signal?.aborted) {
       const conn = new Connection(signal);
       try {
         const res = await this.http.send(F.stream, {}, { query: { since: cursor, ...flt }, signal: conn.signal });
         if (res.body === null) throw new Error("the stream has no body");
-        backoff = 0;
         for await (const ev of conn.events(res.body)) {
+          if (ev.data === null) {
+            // An event with only an id: the server read up to there, past changes the filters
+            // (or the session rule) left out; reopened from there, it does not read them again.
+            const id = seqOf(ev.id);
+            if (id !== undefined && id > cursor) cursor = id;
+            continue;
+          }
           const data = parse(ev.data) as WireChange | { error?: unknown };
           if ("error" in data) throw fromBody(410, data, false, false); // the stream's own error event
           const c = data as WireChange;
           if (c.seq <= cursor) continue; // never again what was delivered
           cursor = c.seq;
+          backoff = 0; // the stream works: the next cut is reopened at once
           yield toChange(c);
         }
-        // The server ended the stream (it is stopping): open it again.
+        // The server ended the stream (it is stopping, or the store is busy): open it again.
       } catch (e) {
         if (signal?.aborted) return;
-        if (e instanceof AgentStateError && e.status < 500 && e.code !== "storage_error") throw e;
-        // The network, a restart, a busy store: try again, from the cursor.
+        if (!retried(e)) throw e;
+        // The network, a restart, a busy store, a gateway's 5xx: try again, from the cursor.
       } finally {
         conn.close();
       }
-      await pause(backoff, signal);
-      backoff = Math.min(MAX_BACKOFF_MS, Math.max(50, backoff * 2));
+      await pause(backoff / 2 + Math.random() * (backoff / 2), signal);
+      backoff = Math.min(MAX_BACKOFF_MS, Math.max(MIN_BACKOFF_MS, backoff * 2));
     }
   }
+}
+
+/**
+ * Whether a failed stream is opened again. An answer other than a 5xx (or 408, 429) will not
+ * change by asking again: a redirect, agentstate's own 4xx (Unauthorized, InvalidKey,
+ * CursorExpired) or another server's (a wrong base URL's 404, a proxy's 403) is thrown.
+ * Of the stream's own error events, cursor_expired and unauthorized are thrown, busy and
+ * storage_error retried; a request with no answer (the network, a restart) is retried.
+ */
+function retried(e: unknown): boolean {
+  const status = answerStatus(e);
+  if (status !== undefined) return status >= 500 || status === 408 || status === 429;
+  if (e instanceof AgentStateError) return e.status >= 500 || e.code === "storage_error";
+  return true;
+}
+
+/** An event's id as a seq, if it is one. */
+function seqOf(id: string): number | undefined {
+  if (!/^[0-9]{1,15}$/.test(id)) return undefined;
+  return Number(id);
 }
 
 /** One stream request: aborted with the caller's signal, when idle too long, or when closed. */
@@ -140,7 +173,7 @@ class Connection {
   }
 
   /** The events of a text/event-stream body (the WHATWG rules: data, id, event, comments). */
-  async *events(body: ReadableStream<Uint8Array>): AsyncGenerator<{ type: string; data: string }> {
+  async *events(body: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
     const reader = body.getReader();
     const decoder = new TextDecoder();
     const parser = new EventParser();
@@ -157,25 +190,36 @@ class Connection {
   }
 }
 
+/**
+ * One event: its type, its data (null: an event with no data, given for its id), and the last
+ * event id (WHATWG's: the latest `id:` field of this event or an earlier one).
+ */
+export interface SseEvent { type: string; data: string | null; id: string }
+
 /** Lines to events; a line may end with CR, LF or CRLF, split anywhere between chunks. */
 export class EventParser {
   private buf = "";
   private cr = false;
   private data: string[] = [];
   private type = "";
+  private id = "";
+  private idSeen = false; // this event has an id field
 
-  push(chunk: string): { type: string; data: string }[] {
+  push(chunk: string): SseEvent[] {
     if (this.cr && chunk.startsWith("\n")) chunk = chunk.slice(1);
     if (chunk === "") return [];
     this.cr = chunk.endsWith("\r");
     const lines = (this.buf + chunk).split(/\r\n|\r|\n/);
     this.buf = lines.pop() ?? "";
-    const out: { type: string; data: string }[] = [];
+    const out: SseEvent[] = [];
     for (const line of lines) {
       if (line === "") {
-        if (this.data.length) out.push({ type: this.type || "message", data: this.data.join("\n") });
+        if (this.data.length || this.idSeen) {
+          out.push({ type: this.type || "message", data: this.data.length ? this.data.join("\n") : null, id: this.id });
+        }
         this.data = [];
         this.type = "";
+        this.idSeen = false;
         continue;
       }
       if (line.startsWith(":")) continue; // a comment: the greeting, a keep-alive
@@ -185,6 +229,10 @@ export class EventParser {
       if (value.startsWith(" ")) value = value.slice(1);
       if (field === "data") this.data.push(value);
       else if (field === "event") this.type = value;
+      else if (field === "id" && !value.includes("\0")) {
+        this.id = value;
+        this.idSeen = true;
+      }
     }
     return out;
   }

@@ -44,14 +44,29 @@ export function fill(path: string, params: Record<string, string>): string {
   });
 }
 
+/** The HTTP status of the answer each error was made from (none: the request got no answer). */
+const answered = new WeakMap<object, number>();
+
+/** The HTTP status of the answer `e` was made from; undefined for a network failure or a client's own error. */
+export function answerStatus(e: unknown): number | undefined {
+  return typeof e === "object" && e !== null ? answered.get(e) : undefined;
+}
+
+function fromAnswer<E extends Error>(status: number, e: E): E {
+  answered.set(e, status);
+  return e;
+}
+
 export class Http {
   readonly base: string;
   // A private field: printing a client (console.log, util.inspect) never shows the token.
   readonly #headers: Record<string, string>;
+  readonly #token: string;
   private readonly fetch: Fetch;
 
   constructor(url: string, token: string, principal: string | undefined, fetchImpl: Fetch | undefined) {
     this.base = url.replace(/\/+$/, "");
+    this.#token = token;
     this.#headers = { authorization: `Bearer ${token}` };
     if (principal !== undefined) this.#headers["x-agentstate-principal"] = principal;
     const f = fetchImpl ?? (globalThis.fetch as Fetch | undefined);
@@ -90,14 +105,30 @@ export class Http {
     }
     const write = route.method !== "GET";
     const url = this.url(route, params, o.query);
+    if (!buildable(url, headers)) {
+      // Nothing was sent (not in doubt), and the platform's message would show the header's value.
+      throw new UsageError(`${route.method} ${this.base}${route.path}: the request cannot be built ` +
+        "(a header value or the URL cannot be sent); nothing was sent");
+    }
     let res: Response;
     try {
-      res = await this.fetch(url, { method: route.method, headers, body: body as BodyInit | undefined, signal: o.signal });
+      // A redirect is never followed: fetch would send the token, the principal, the fence
+      // and a write's body to wherever it points (or turn a write into a GET there, 303).
+      res = await this.fetch(url, {
+        method: route.method, headers, body: body as BodyInit | undefined, signal: o.signal, redirect: "manual" });
     } catch (e) {
       if (o.signal?.aborted) throw o.signal.reason;
       // The request may have reached the server and been done: a write's outcome is unknown.
       const why = e instanceof Error ? `${e.name}: ${e.message}${causeOf(e)}` : String(e);
-      throw new StorageError(`${route.method} ${this.base}${route.path}: ${why}`, write);
+      // An injected fetch's text may hold the request's headers: never the token in an error.
+      throw new StorageError(`${route.method} ${this.base}${route.path}: ${redact(why, this.#token)}`, write);
+    }
+    if (res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400)) {
+      // agentstate never redirects: what answered is not the store, so nothing was done.
+      res.body?.cancel().catch(() => undefined);
+      throw fromAnswer(res.status || 302, new StorageError(`${route.method} ${this.base}${route.path}: the server ` +
+        `answered ${res.status || "a redirect"}${redirectTarget(res)}, which is not followed: connect() to the URL ` +
+        "agentstate serves", false));
     }
     if (res.status >= 400) {
       let data: unknown = null;
@@ -106,7 +137,7 @@ export class Http {
       } catch {
         data = null;
       }
-      throw fromBody(res.status, data, route.run === true, write);
+      throw fromAnswer(res.status, fromBody(res.status, data, route.run === true, write));
     }
     return res;
   }
@@ -139,7 +170,34 @@ export class Http {
   }
 }
 
+/** `text` without `token` (a toy token of a few letters: only where it follows "Bearer "). */
+function redact(text: string, token: string): string {
+  return text.split(token.length >= 8 ? token : `Bearer ${token}`).join("***");
+}
+
+/** Whether fetch can build this request: a URL it parses, header values it can send. */
+function buildable(url: string, headers: Record<string, string>): boolean {
+  try {
+    new URL(url);
+    if (typeof Headers === "function") new Headers(headers); // the platform's own header check
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function causeOf(e: Error): string {
   const c = (e as { cause?: unknown }).cause;
   return c instanceof Error ? ` (${c.message})` : "";
+}
+
+/** " to ORIGIN" of a redirect's Location, when readable (only the origin: never a path's or userinfo's text). */
+function redirectTarget(res: Response): string {
+  const loc = res.headers.get("location");
+  if (!loc) return "";
+  try {
+    return ` to ${new URL(loc).origin}`;
+  } catch {
+    return "";
+  }
 }

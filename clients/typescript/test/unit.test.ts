@@ -14,7 +14,7 @@ import {
 } from "agentstate";
 // Internal modules, by path: not part of the package's public surface.
 import { encode, parse, rawItems } from "#internal/json.js";
-import { EventParser } from "#internal/feed.js";
+import { EventParser, type SseEvent } from "#internal/feed.js";
 import { segment } from "#internal/http.js";
 
 /** A fetch that answers every request with `status` and `body`, and records the requests. */
@@ -266,14 +266,15 @@ describe("raw entries", () => {
 });
 
 describe("server-sent events", () => {
-  it("parses events split anywhere, with LF, CRLF or CR line ends, comments and multi-line data", () => {
-    const stream = ": hello\n\nid: 1\ndata: {\"a\":1}\n\r\nevent: error\r\ndata: x\rdata: y\r\r: keep-alive\n\ndata:z\n\n";
+  it("parses events split anywhere, with LF, CRLF or CR line ends, comments, multi-line data and ids", () => {
+    const stream = ": hello\n\nid\n\nid: 1\ndata: {\"a\":1}\n\r\nevent: error\r\ndata: x\rdata: y\r\r: keep-alive\n\n" +
+      "data:z\nid:2\n\nid: 3\0\n\n";
     for (let size = 1; size <= stream.length; size++) {
       const p = new EventParser();
-      const got: { type: string; data: string }[] = [];
+      const got: SseEvent[] = [];
       for (let i = 0; i < stream.length; i += size) got.push(...p.push(stream.slice(i, i + size)));
-      assert.deepEqual(got, [{ type: "message", data: '{"a":1}' }, { type: "error", data: "x\ny" },
-        { type: "message", data: "z" }], `chunks of ${size}`);
+      assert.deepEqual(got, [{ type: "message", data: null, id: "" }, { type: "message", data: '{"a":1}', id: "1" },
+        { type: "error", data: "x\ny", id: "1" }, { type: "message", data: "z", id: "2" }], `chunks of ${size}`);
     }
   });
 
