@@ -467,3 +467,71 @@ def test_raw_entries_are_the_stored_text_however_it_was_written(db):
     local = db.served.runs.entries("r", 1, raw=True)
     assert db.runs.entries("r", 1, raw=True) == local
     assert db.runs.tail("r", 1) == db.served.runs.tail("r", 1)
+
+
+@pytest.mark.parametrize("token", ["a\nb" + "x" * 30, "secret token", "sécret", "tok\x01en", " "])
+def test_connect_refuses_a_token_no_header_can_carry_without_repeating_it(token):
+    """A token with a line break, a space inside, a non-ASCII or control character is
+    Unauthorized at connect(), before anything is sent, and the error does not repeat it."""
+    with pytest.raises(agentstate.Unauthorized) as e:
+        agentstate.connect("http://127.0.0.1:1", token=token)
+    assert token.strip() not in str(e.value) or not token.strip()
+
+
+@pytest.mark.parametrize("url", ["http://user:pa55word@127.0.0.1:8765", "http://user@127.0.0.1:8765",
+                                 "http://127.0.0.1:8765/?x=1", "http://127.0.0.1:8765#f",
+                                 "ftp://127.0.0.1", "http://", "127.0.0.1:8765"])
+def test_connect_refuses_a_url_with_credentials_or_a_query_without_repeating_a_password(url):
+    """A URL with user:password (which would be kept in db.path and in every error), a query
+    or a fragment, or no http(s) server, is InvalidValue at connect()."""
+    with pytest.raises(agentstate.InvalidValue) as e:
+        agentstate.connect(url, token="t" * 20)
+    assert "pa55word" not in str(e.value)
+
+
+def test_a_redirect_is_never_followed_and_a_write_is_not_taken_for_done(db, monkeypatch):
+    """An agentstate server never redirects: a 3xx answer (a proxy, a wrong URL) is a
+    StorageError naming only the other origin, the write not taken for done (a 303 turned a
+    PUT into a GET whose answer looked like success) and nothing sent to the other host."""
+    import http.server
+
+    hits = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            hits.append(self.headers.get("authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"version": 42, "value": 1}')
+
+        do_PUT = do_POST = do_GET
+        def log_message(self, *a): pass
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def _go(self):
+            self.send_response(self.server.code)
+            self.send_header("location", f"http://u:pw@127.0.0.1:{other.server_port}/steal?t=1")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = do_POST = _go
+        def log_message(self, *a): pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    redirect = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    for s in (other, redirect):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        for code in (301, 302, 303, 307, 308):
+            redirect.code = code
+            r = agentstate.connect(f"http://127.0.0.1:{redirect.server_port}", token="t" * 20)
+            for call in (lambda: r.scope("app", "a").put("k", 1), lambda: r.scope("app", "a").get("k")):
+                with pytest.raises(agentstate.StorageError) as e:
+                    call()
+                assert not e.value.outcome_unknown and str(code) in str(e.value)
+                assert "pw" not in str(e.value) and "steal" not in str(e.value)
+            r.close()
+    finally:
+        for s in (other, redirect):
+            s.shutdown()
+    assert hits == []

@@ -24,37 +24,10 @@ from .. import errors as E
 from .._encoding import decode
 from .._grants import Rule
 from .base import Batched, Filters, KEEP, Row, Sets, Stored, Ttl
+from .wire import check_token, check_url, error as _error, redirected
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
-
-# Every error class by its code (NotFound before RunNotFound, which shares it): errors
-# added to ``errors`` later come back as themselves, not as an unknown answer.
-_CLASSES: dict[str, type[E.AgentStateError]] = {}
-for _cls in vars(E).values():
-    if isinstance(_cls, type) and issubclass(_cls, E.AgentStateError) and _cls is not E.AgentStateError:
-        _CLASSES.setdefault(_cls.code, _cls)
-
-
-def _error(status: int, body: Any, runs: bool, write: bool = False) -> E.AgentStateError:
-    info = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(info, dict) or info.get("code") not in _CLASSES:
-        # Not one of the store's refusals: a proxy, or the server failed unexpectedly.
-        # A write may have been done before that: as a failed COMMIT, its outcome is unknown.
-        message = str(info.get("message", "")) if isinstance(info, dict) else ""
-        failed = E.StorageError(f"the server answered {status}" + (
-            f": {message}" if message else " without an agentstate error"))
-        failed.outcome_unknown = write and status >= 500
-        return failed
-    code = info["code"]
-    cls = E.RunNotFound if code == "not_found" and runs else _CLASSES[code]
-    err = cls.__new__(cls)
-    Exception.__init__(err, str(info.get("message", "")))
-    for name in E.FIELDS:
-        if name in info:
-            setattr(err, name, info[name])
-    return err
-
 
 def _q(*parts: str) -> str:
     """Path segments, escaped; "." and ".." (valid keys) as %2E, or URL rules would drop them."""
@@ -93,8 +66,8 @@ class RemoteOps:
         self.url = url.rstrip("/")
         self._token = token
         self._timeout = timeout
-        self._http = httpx.Client(base_url=self.url, timeout=timeout,
-                                  headers={"authorization": f"Bearer {token}"})
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, follow_redirects=False,
+                                  headers={"authorization": f"Bearer {token.strip()}"})
         self._turns = _turns.Turns()  # update_turn()
         self._fence: str | None = None  # sent with every write (fenced())
         self._me: tuple[str, bool] | None = None  # the token's principal (name, admin)
@@ -128,6 +101,8 @@ class RemoteOps:
             if method != "GET":  # it may have reached the server, and been done
                 err.outcome_unknown = True
             raise err from None
+        if 300 <= r.status_code < 400:
+            raise redirected(f"{method} {self.url}{path}", r)
         if r.status_code >= 400:
             try:
                 data = r.json()
@@ -505,7 +480,8 @@ class RemoteOps:
         self.check_open()
         # A client of this event loop's own: nothing loop-bound outlives the iteration.
         async with httpx.AsyncClient(base_url=self.url, timeout=LONG_POLL + self._timeout,
-                                     headers={"authorization": f"Bearer {self._token}"}) as http:
+                                     follow_redirects=False,
+                                     headers={"authorization": f"Bearer {self._token.strip()}"}) as http:
             cursor = since
             while True:
                 d = await self._apoll(http, {"since": cursor, "limit": limit, "wait": LONG_POLL,
@@ -525,6 +501,8 @@ class RemoteOps:
             r = await http.get("/v1/changes", params=params)
         except httpx.HTTPError as e:
             raise E.StorageError(f"GET {self.url}/v1/changes: {type(e).__name__}: {e}") from None
+        if 300 <= r.status_code < 400:
+            raise redirected(f"GET {self.url}/v1/changes", r)
         if r.status_code >= 400:
             try:
                 data = r.json()
@@ -596,8 +574,8 @@ def connect(url: str, token: str | None = None, *, timeout: float = 30.0) -> Any
     if not token:
         raise E.Unauthorized("connect() needs a token (or $AGENTSTATE_TOKEN): "
                              "agentstate tokens create NAME")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise E.InvalidValue(f"connect() takes an http:// or https:// URL, got {url!r}")
+    check_token(token)
+    check_url(url)
     try:
         ops = RemoteOps(url, token, timeout)
     except ImportError as e:
