@@ -35,7 +35,7 @@ from .transactions import Read, Write
 from .waiter import DataVersionWaiter
 
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
-PREFETCH = 128 * 1024  # bytes at the start of a file asked of the OS at open (see _create_file)
+PREFETCH = 192 * 1024  # bytes at the start of a file asked of the OS at open (see _create_file)
 _fadvise = getattr(os, "posix_fadvise", None)  # not on macOS or Windows
 
 # Connections that were in use when this process was fork()ed: SQLite state
