@@ -87,6 +87,17 @@ def pg_url(pg_admin_url: str):
         pgserver.drop_schema(pg_admin_url, schema)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m 'not slow' deselects
+def pytest_collection_modifyitems(config, items):
+    """A test marked slow_on_postgres is slow (run by CI's -m slow) on PostgreSQL only:
+    its SQLite case stays in the default run."""
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if item.get_closest_marker("slow_on_postgres") and params is not None \
+                and params.params.get("any_db") == "postgres":
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def any_db(request, tmp_path: Path):
     """One store on each backend: an SQLite file in tmp_path, or a PostgreSQL schema."""

@@ -42,6 +42,7 @@ def ui(any_db):
     return client, db
 
 
+@pytest.mark.slow_on_postgres  # the page's rendering is the same on both
 def test_a_value_of_deeply_nested_lists_renders_a_bounded_page_with_a_link_to_the_json(ui):
     """Issue 26.21: 100 KB of nested lists (any token may write one) rendered as 50 MB of
     HTML; a value's HTML is now capped, says it was cut, and links to the whole value."""
