@@ -97,6 +97,23 @@ def test_signing_out_through_one_server_signs_out_on_all(two):
     assert signed_out_within(app1, cookie) < 5
 
 
+@pytest.mark.parametrize("form, headers", [({"csrf": "x"}, {}), ({}, {}),
+                                           (None, {"origin": "https://elsewhere.example"})],
+                         ids=["wrong-csrf", "no-csrf", "other-origin"])
+def test_a_sign_out_always_ends_the_sign_in(two, form, headers):
+    """Hostile review: a sign-out whose form failed its CSRF or origin check answered as a
+    sign-out (303, cookie dropped) but left the sign-in live in the store, usable for 12
+    hours by whoever kept the cookie. A sign-out now always ends it, on every server."""
+    db, app1, app2, tok = two
+    cookie = sign_in(app1, tok["bob"])
+    if form is None:
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page(app1, cookie).get("/ui").text).group(1)
+        form = {"csrf": csrf}
+    r = page(app1, cookie).post("/ui/logout", data=form, headers=headers)
+    assert r.status_code == 303
+    assert signed_out_within(app1, cookie) < 5 and signed_out_within(app2, cookie) < 5
+
+
 @pytest.mark.parametrize("how", ["revoked", "expired", "lapsed"])
 def test_a_sign_in_ends_with_its_token_or_its_own_end(two, how):
     """A revoked token's sign-ins are deleted with it; an expired token's, or a sign-in past
