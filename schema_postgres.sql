@@ -803,12 +803,14 @@ END $$;
 -- (or resumes) with its lease held, by the server's clock. The turn's row stays locked
 -- (FOR SHARE) until the write commits: starting another turn of the session first
 -- expires this one (turn_start's UPDATE), which waits for that lock.
-CREATE FUNCTION turn_fence(p_turn text) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION turn_fence(p_turn text, p_owner text DEFAULT NULL) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_status text;
     v_until  timestamptz;
 BEGIN
-    SELECT status, lease_until INTO v_status, v_until FROM turn WHERE id = p_turn FOR SHARE;
+    -- p_owner (the server's caller, unless an admin): another principal's turn is as unknown
+    SELECT t.status, t.lease_until INTO v_status, v_until FROM turn t JOIN session s ON s.id = t.session_id
+     WHERE t.id = p_turn AND (p_owner IS NULL OR s.owner = p_owner) FOR SHARE OF t;
     IF v_status IS NULL OR v_status NOT IN ('running', 'resuming') OR v_until < clock_timestamp() THEN
         PERFORM agentstate_error('LeaseLost',
             format('turn %L no longer holds its lease (%s): another worker may have taken its '

@@ -256,10 +256,11 @@ class Ops(Protocol):
     def apply_batch(self, ops: list[Batched], call: Callable[..., Any]) -> list[Any]:
         """The writes of a ``batch()``, all or none; each one's result."""
         ...
-    def fenced(self, turn_id: str) -> Ops:
+    def fenced(self, turn_id: str, owner: str | None = None) -> Ops:
         """The same operations, every write of which lands only while the turn
         ``turn_id`` holds its lease (checked in the write's own transaction; else
-        ``LeaseLost`` and nothing written). SPEC §14."""
+        ``LeaseLost`` and nothing written). SPEC §14. ``owner``: the turn must be of that
+        principal's session, another's being as unknown (the server names its caller)."""
         ...
 
     # keys (SPEC §2, §10)
@@ -497,10 +498,10 @@ class SessionsRepo(Protocol):
     def move(self, c: Conn, turn_id: str, from_states: tuple[str, ...], to: str,
              sets: dict[str, Any], lease: float | None, what: str) -> Row: ...
     def active_turn(self, c: Conn, session_id: str) -> Row | None: ...
-    def check_fence(self, c: Conn, turn_id: str) -> None:
+    def check_fence(self, c: Conn, turn_id: str, owner: str | None = None) -> None:
         """First thing inside a write: ``LeaseLost`` unless the turn is running or resuming
-        with its lease held by the store's clock; no other turn of its session can start
-        before this write commits."""
+        with its lease held by the store's clock (and is of ``owner``'s session, if named);
+        no other turn of its session can start before this write commits."""
         ...
 
 

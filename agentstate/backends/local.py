@@ -92,19 +92,20 @@ class LocalOps:
         with self.store.write():
             return [call(*op) for op in ops]
 
-    def fenced(self, turn_id: str) -> LocalOps:
+    def fenced(self, turn_id: str, owner: str | None = None) -> LocalOps:
         """These operations with every write fenced by ``turn_id`` (SPEC §14): the check
         runs first inside the write's own transaction (a savepoint of a block's)."""
         ops = copy.copy(self)
 
         def write(fn: Callable[..., T], *args: Any) -> T:
-            return self.store.call_write(self._fence_then, turn_id, fn, *args)
+            return self.store.call_write(self._fence_then, turn_id, owner, fn, *args)
 
         ops._write, ops._fence = write, turn_id
         return ops
 
-    def _fence_then(self, c: Any, turn_id: str, fn: Callable[..., T], *args: Any) -> T:
-        self.sessions.check_fence(c, turn_id)
+    def _fence_then(self, c: Any, turn_id: str, owner: str | None, fn: Callable[..., T],
+                    *args: Any) -> T:
+        self.sessions.check_fence(c, turn_id, owner)
         return fn(c, *args)
 
     # -- keys -----------------------------------------------------------------

@@ -134,9 +134,10 @@ class RemoteOps:
     def close(self) -> None:
         self._http.close()
 
-    def fenced(self, turn_id: str) -> RemoteOps:
+    def fenced(self, turn_id: str, owner: str | None = None) -> RemoteOps:
         """These operations with ``X-Agentstate-Fence: turn_id`` on every write request:
-        the server checks the lease in each write's own transaction (SPEC §14)."""
+        the server checks the lease in each write's own transaction (SPEC §14), and that
+        the turn is the token's principal's (``owner`` is the server's to decide)."""
         ops = copy.copy(self)
         ops._fence = turn_id
         return ops

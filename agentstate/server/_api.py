@@ -237,12 +237,15 @@ class Call:
     @property
     def db(self) -> agentstate.Database:
         """The store, as this request may write it: every write fenced by the turn named
-        in ``X-Agentstate-Fence`` (SPEC §14), if the request names one."""
+        in ``X-Agentstate-Fence`` (SPEC §14), if the request names one. It must be a turn of
+        the caller's own sessions (any, for an admin): another principal's turn is as an
+        unknown one, so the header tells nobody whether someone else's turn runs."""
         fence = self.request.headers.get(FENCE_HEADER)
         if fence is None:
             return self.api.db
         return agentstate.Database(self.api.db._ops.fenced(
-            check_key(fence, "the X-Agentstate-Fence header (a turn id)")))
+            check_key(fence, "the X-Agentstate-Fence header (a turn id)"),
+            None if self.p.admin else self.p.name))
 
     def q(self, name: str, default: str | None = None) -> str | None:
         return self.request.query_params.get(name, default)

@@ -160,9 +160,9 @@ def active_turn(c: Conn, session_id: str) -> Row | None:
         (session_id,)).fetchone()
 
 
-def check_fence(c: Conn, turn_id: str) -> None:
+def check_fence(c: Conn, turn_id: str, owner: str | None = None) -> None:
     """LeaseLost unless the turn runs (or resumes) with its lease held, by the server's clock
     (``turn_fence`` in the schema). The turn's row stays locked (FOR SHARE) until the write
     commits: starting another turn of the session first expires this one, which waits for
     that lock. A lone write sends the check with itself, in its one round trip."""
-    c.fence_first(turn_id)
+    c.fence_first(turn_id, owner)

@@ -143,7 +143,7 @@ class Conn:
         self.pending = list(pending)
         self.open = False  # a BEGIN has been sent
         self.flushes = 0
-        self.fence: str | None = None  # AUTO: a turn to check first (fence_first)
+        self.fence: str | None = None  # AUTO: the turn's check to run first (fence_first)
 
     def execute(self, query: Any, params: Any = None) -> Any:
         """The statement's cursor (rows are whatever it returns: typed loosely, as a
@@ -159,7 +159,7 @@ class Conn:
             self.begin()
             return self._with_pending(query, params)
         if text is not None:
-            check = "" if self.fence is None else f"SELECT turn_fence({_literal(self.fence)}); "
+            check = "" if self.fence is None else f"{self.fence}; "
             text = f"BEGIN; {check}{text}; COMMIT; {AFTER_COMMIT}"
         for attempt in range(RETRIES):
             try:
@@ -212,19 +212,19 @@ class Conn:
         if self.mode is AUTO:
             if self.ran:
                 raise AssertionError("begin() after a statement already committed on its own")
-            self.pending[:0] = BEGIN_WRITE + (() if self.fence is None else (
-                f"SELECT turn_fence({_literal(self.fence)})",))
+            self.pending[:0] = BEGIN_WRITE + (() if self.fence is None else (self.fence,))
             self.fence = None
             self.mode = TXN
 
-    def fence_first(self, turn_id: str) -> None:
+    def fence_first(self, turn_id: str, owner: str | None = None) -> None:
         """Check the turn's lease first in this write (SPEC §14): a lone write sends the
         check with itself, in its one round trip; a transaction with its BEGIN, or now."""
+        check = f"SELECT turn_fence({_literal(turn_id)}, {_literal(owner)})"
         if self.mode is AUTO and not self.ran:
-            self.fence = turn_id
+            self.fence = check
             return
         self.begin()
-        self.execute("SELECT turn_fence(%s)", (turn_id,))
+        self.execute(check)
 
 
 def readable(raw: psycopg.Connection) -> bool:

@@ -218,11 +218,15 @@ def active_turn(c: Conn, session_id: str) -> tuple[Any, ...] | None:
     ).fetchone()
 
 
-def check_fence(c: Conn, turn_id: str) -> None:
-    """LeaseLost unless the turn runs (or resumes) with its lease held. Inside a write
+def check_fence(c: Conn, turn_id: str, owner: str | None = None) -> None:
+    """LeaseLost unless the turn runs (or resumes) with its lease held (and, given an
+    ``owner``, is of that principal's session: another's turn is as unknown). Inside a write
     transaction, which holds the file's write lock: no turn can start before its COMMIT."""
     now = time.time()
     row = turn_row(c, turn_id)
+    if row is not None and owner is not None and c.execute(
+            "SELECT 1 FROM session WHERE id = ? AND owner = ?", (row[1], owner)).fetchone() is None:
+        row = None
     if not turn_live(row, now):
         status = "unknown" if row is None else effective_status(row[3], row[9], now)
         raise LeaseLost(f"turn {turn_id!r} no longer holds its lease ({status}): "
