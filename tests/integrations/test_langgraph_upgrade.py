@@ -138,6 +138,11 @@ def test_a_whole_thread_operation_on_0_2_threads_gives_what_0_2_gave(stored, tmp
         OPS[op](AgentStateSaver(db))
         assert differences(dump(AgentStateSaver(db)), stored[op]) == []
         assert old_keys(db) == []
+        for thread in ("t-1", "t-2", "t-3"):  # no large write outlives its checkpoint's writes
+            keys = thread_keys(db, thread)
+            for k in keys:
+                if k.startswith("x."):
+                    assert "c." + ".".join(k.split(".")[1:3]) + ".p" in keys, k
         if op == "delete_thread":
             assert thread_keys(db, "t-1") == []
             assert not db.scope("app", "langgraph.saver").list("r.00000000-0000-4000-8000-000000000001")
@@ -228,13 +233,53 @@ def test_a_checkpoint_a_0_2_process_stores_after_the_migration_is_read(stored, o
         assert len(list(saver.list(config("t-2")))) == len(stored["dump"]["t-2"]["list"]) + 1
 
 
+OLD_LATE_WRITE = """
+import sys, agentstate
+from agentstate.integrations.langgraph import AgentStateSaver
+assert agentstate.__file__.startswith(sys.argv[2])
+with agentstate.open(sys.argv[1]) as db:
+    AgentStateSaver(db).put_writes({"configurable": {"thread_id": "t-2", "checkpoint_ns": "",
+                                                     "checkpoint_id": sys.argv[3]}},
+                                   [("log", "late")], "task-late")
+"""
+
+
+def test_a_write_0_2_stores_for_an_older_migrated_checkpoint_is_listed_in_place(
+        stored, old_package, tmp_path, monkeypatch):
+    """A pending write a 0.2 process stores for an old checkpoint of a migrated thread
+    is met in the middle of a list, which migrates it and goes on from where it was:
+    every checkpoint once, in order, that one with the write."""
+    from agentstate.integrations.langgraph import checkpoint as module
+
+    path, _runs = pristine(stored, tmp_path)
+    expected = stored["dump"]["t-2"]["by ns"][""]
+    oldest = expected[-1]["config"]["configurable"]["checkpoint_id"]
+    with agentstate.open(path) as db:
+        saver = AgentStateSaver(db)
+        saver.get_tuple(config("t-2"))  # migrated
+        old_script(old_package, OLD_LATE_WRITE, path, str(old_package), oldest)
+        upgrades: list[str] = []
+        monkeypatch.setattr(module, "upgrade", lambda db, scope: upgrades.append(scope.id) or
+                            _upgrade.upgrade(db, scope))
+        got = list(saver.list({"configurable": {"thread_id": "t-2", "checkpoint_ns": ""}}))
+        assert upgrades == ["langgraph.t-2"]  # met after checkpoints were given: a resumed list
+        assert [t.config for t in got] == [t["config"] for t in expected]
+        assert ("task-late", "log", "late") in got[-1].pending_writes
+        assert len(got[-1].pending_writes) == len(expected[-1]["writes"]) + 1
+        assert all(len(t.pending_writes) == len(e["writes"]) for t, e in zip(got[:-1], expected))
+        assert old_keys(db, "t-2") == []
+
+
 # -- two migrators at once ------------------------------------------------------------------
 
 
 def _reader(path: str, barrier: Any, out: Any) -> None:
     with agentstate.open(path) as db:
         barrier.wait()
-        out.put(dump(AgentStateSaver(db)))
+        try:
+            out.put(dump(AgentStateSaver(db)))
+        except Exception as e:  # reported, so the test fails at once, with it
+            out.put(repr(e))
 
 
 def race(path: str, expected: dict[str, Any]) -> None:

@@ -137,11 +137,15 @@ def checkpoints(scope: agentstate.Scope, prefix: str, after: str | None, first: 
     held: tuple[str, Any] | None = None  # a writes row waiting for its record
     while True:
         rows = scope.items(prefix, after=after, limit=size)
-        for key, (value, version) in rows:
+        for i, (key, (value, version)) in enumerate(rows):
             base, part = key[:-2], key[-2:]
             if part == ".r":
                 writes = held[1] if held is not None and held[0] == base else None
                 held = None
+                if i + 1 < len(rows) and rows[i + 1][0].startswith(base + ".w."):
+                    # a write of 0.2's layout (sorting after the record) for this one: it
+                    # is migrated first (only seen when in the same page; _upgrade.py)
+                    raise OldLayout(scope, rows[i + 1][0])
                 if value is not None:
                     yield Found(base, value, version, writes)
             elif part == ".p":

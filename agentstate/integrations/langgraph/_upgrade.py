@@ -17,16 +17,22 @@ Channel bytes (``b.``), namespaces (``n.``), large pending writes (``x.``: an
 entry names its keys, under the checkpoint's ``x.`` prefix as now) and the
 index scope are the same in both, and stay where they are.
 
-Two processes migrating one thread at once: every old key is deleted at the
-version read and every record created only if absent, so the second to commit
-gets ``VersionConflict``, its transaction changes nothing, and it reads again
-(finding the thread migrated). A 0.2 process still running: each namespace of
+Two processes migrating one thread at once: the database serializes them (the
+keys a write transaction reads stay locked until it ends: SQLite's write lock,
+PostgreSQL's row locks), so the second waits, then finds nothing to move. Were
+it to read stale rows anyway, it could not apply them: every old key is deleted
+at the version read and every record created only if absent, so it would get
+``VersionConflict``, change nothing, and read again. A 0.2 process still running: each namespace of
 a migrated thread gets the key ``c.<ns>.-``, which sorts before its
 checkpoints and which 0.2 reads as a record of format 2, so its ``get_tuple``
 and ``list`` raise ``SchemaTooNew`` ("upgrade agentstate") instead of finding
-the thread empty; a checkpoint or write it still stores (a step it had
-started) is in the old layout again, and is migrated when this saver next
-reads past it.
+the thread empty. A checkpoint it still stores (a step it had started) is in
+the old layout again, and, being the newest, is migrated by the next read, with
+every write 0.2 stored in the thread meanwhile. The one gap: a pending write
+0.2 stores for a migrated checkpoint (sorting after its record), when no 0.2
+checkpoint follows (its process died in that step), is found only by a read
+that has it in the page with the record, or a whole-thread operation; until
+then that task runs again on resume. Hence: stop the 0.2 processes first.
 """
 
 from __future__ import annotations
