@@ -16,6 +16,8 @@ in descending id order:
                                   changed (so they may be cached in memory)
 ``n.<ns>``                        the namespace, so a thread's namespaces can be listed
 ``u.<run>``                       a run with checkpoints in this thread
+``c.<ns>.-``                      in a thread migrated from the layout of agentstate
+                                  0.2 (``_upgrade.py``): what makes 0.2 refuse it
 ================================  ====================================================
 
 A checkpoint's writes sort right before its record and its record right before
@@ -58,7 +60,8 @@ import agentstate
 from ._common import INLINE, descending, seg_size, segment, token
 
 PREFIX = "langgraph"
-RECORD_FORMAT = 2  # 1: the layout before pending writes were one list (not read any more)
+RECORD_FORMAT = 2  # 1: agentstate 0.2's layout (one key per pending write), migrated on sight
+STUB = "-"  # c.<ns>.- : what a 0.2 reader takes for a newest record, of format 2 (``_upgrade.py``)
 MAX_ID_BYTES = 48  # checkpoint ids up to this long keep their order (LangGraph's are 36)
 STANDARD = ("v", "id", "ts", "channel_versions", "versions_seen", "updated_channels")
 
@@ -88,6 +91,23 @@ def payload_keys(base: str) -> str:
     return f"x.{base[2:]}."
 
 
+class OldLayout(agentstate.Damaged):
+    """A key of the layout of agentstate 0.2, met while reading: the thread is to be
+    migrated (``_upgrade.py``), then read again."""
+
+    def __init__(self, scope: agentstate.Scope, key: str) -> None:
+        super().__init__(f"{scope.kind}:{scope.id} holds {key!r}, a checkpoint key of the "
+                         "layout of agentstate 0.2")
+        self.scope, self.key = scope, key
+
+
+def is_old(key: str) -> bool:
+    """Whether a key of a thread's scope is of the layout of agentstate 0.2 only."""
+    if key.startswith("c."):
+        return key[-2:] not in (".r", ".p", "." + STUB)
+    return key.startswith("r.")
+
+
 # -- reading rows --------------------------------------------------------------------------
 
 
@@ -107,24 +127,31 @@ def checkpoints(scope: agentstate.Scope, prefix: str, after: str | None, first: 
     ``c.<ns>.<id↓>.``), after the key ``after``, newest first, each with its writes:
     pages of ``scope.items``, the first of ``first`` rows, the next ones of ``then``
     (default: twice the last) rows, up to 500. Writes whose record is not there are
-    skipped (put_writes may come before put, or outlive a deleted record)."""
+    skipped (put_writes may come before put, or outlive a deleted record).
+
+    :raises OldLayout: a key of agentstate 0.2's layout.
+    """
     size = max(1, first)
+    if after is None:
+        after = prefix + STUB  # sorts before every checkpoint of a namespace
     held: tuple[str, Any] | None = None  # a writes row waiting for its record
     while True:
         rows = scope.items(prefix, after=after, limit=size)
-        for key, (value, version) in rows:
+        for i, (key, (value, version)) in enumerate(rows):
             base, part = key[:-2], key[-2:]
             if part == ".r":
                 writes = held[1] if held is not None and held[0] == base else None
                 held = None
+                if i + 1 < len(rows) and rows[i + 1][0].startswith(base + ".w."):
+                    # a write of 0.2's layout (sorting after the record) for this one: it
+                    # is migrated first (only seen when in the same page; _upgrade.py)
+                    raise OldLayout(scope, rows[i + 1][0])
                 if value is not None:
                     yield Found(base, value, version, writes)
             elif part == ".p":
                 held = (base, value)
-            else:
-                raise agentstate.Damaged(
-                    f"{scope.kind}:{scope.id} holds {key!r}, a checkpoint key of the layout "
-                    "of an older agentstate (before 0.3), which this one does not read")
+            elif part != "." + STUB:
+                raise OldLayout(scope, key)
         if len(rows) < size:
             return
         after = rows[-1][0]

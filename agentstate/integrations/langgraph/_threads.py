@@ -1,6 +1,8 @@
 """AgentStateSaver's operations on whole threads: delete, delete a run's
 checkpoints, copy, prune. Each is one transaction; bytes a surviving checkpoint
-still points at are kept (the layout: ``_layout.py``)."""
+still points at are kept (the layout: ``_layout.py``). Those that read checkpoints
+raise ``OldLayout`` on a thread of agentstate 0.2's layout, having changed nothing:
+the saver migrates it and calls again."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import agentstate
 
 from ._common import get_json, keys
-from ._layout import Found, byte_keys, checkpoints, names, payload_keys, run_token, thread_token
+from ._layout import (STUB, Found, OldLayout, byte_keys, checkpoints, is_old, names, payload_keys,
+                      run_token, thread_token)
 
 if TYPE_CHECKING:
     from .checkpoint import AgentStateSaver
@@ -21,8 +24,8 @@ def delete_thread(saver: AgentStateSaver, thread_id: Any) -> None:
     scope = saver._scope(thread_id)
     t = thread_token(thread_id)
     with saver.db.transaction():
-        for key in list(keys(scope, "u.")):
-            saver._index.delete(f"r.{key[2:]}.{t}")
+        for key in list(keys(scope, "u.")) + list(keys(scope, "r.")):  # r.<run>.<ns>.<id↓>: 0.2's
+            saver._index.delete(f"r.{key.split('.')[1]}.{t}")
         scope.clear()
         saver._index.delete(f"t.{t}")
     saver._forget(scope)
@@ -51,6 +54,8 @@ def copy_thread(saver: AgentStateSaver, source_thread_id: Any, target_thread_id:
     with saver.db.transaction():
         copied = False
         for key in list(keys(src, "")):
+            if is_old(key):
+                raise OldLayout(src, key)  # migrated first (by the caller), then copied
             value, have = src.get_bytes(key), dst.get_bytes(key)
             if value is None:
                 continue
@@ -126,7 +131,8 @@ def delete_records(saver: AgentStateSaver, scope: agentstate.Scope, thread_id: A
         for key in unused - used:
             for k in list(keys(scope, f"{key}.")):
                 scope.delete(k)
-        if not scope.list(f"c.{s}.", limit=1):
+        if not scope.list(f"c.{s}.", after=f"c.{s}.{STUB}", limit=1):
+            scope.delete(f"c.{s}.{STUB}")
             scope.delete(f"n.{s}")
     runs_left = {str(f.record["metadata"].get("run_id")) for f in _all(scope, "c.")}
     for key in list(keys(scope, "u.")):

@@ -12,6 +12,9 @@ new channel bytes. Channel bytes are named by their content and never
 change, so recently used ones are kept in memory; so are the records this
 saver wrote or read last (a record is never changed either: its version
 says whether it is still the one stored).
+
+A thread stored by agentstate 0.2 is migrated to this layout, in one
+transaction, the first time a call meets it (``_upgrade.py``).
 """
 
 from __future__ import annotations
@@ -43,9 +46,10 @@ from agentstate._twins import async_twin
 from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
                       keys, on_pool, segment, token, write)
-from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, array, array_header,
-                      blob, checkpoints, content_hash, jsonable, matches, names, normal, payload_keys, pending,
-                      run_token, segments, thread_token)
+from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, array,
+                      array_header, blob, checkpoints, content_hash, jsonable, matches, names, normal,
+                      payload_keys, pending, run_token, segments, thread_token)
+from ._upgrade import upgrade
 
 PARENTS = 256  # records kept in memory to serve as the parent of the next put
 
@@ -134,6 +138,9 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 parent = self._records.get((scope.id, parent_base)) if attempt == 0 else None
                 if parent is None:
                     stored = scope.get_versioned(parent_base + ".r")
+                    if stored.value is None and scope.get_bytes(parent_base) is not None:
+                        upgrade(self.db, scope)  # the parent is of agentstate 0.2's layout
+                        stored = scope.get_versioned(parent_base + ".r")
                     if stored.value is not None:
                         parent = Parent(stored.value, stored.version)
             record, blobs = self._record(scope, checkpoint, meta, new_versions, ns, s,
@@ -320,16 +327,23 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         cid = conf.get("checkpoint_id")
         s = token(ns, 40)
         newest = (scope.id, s)
-        for _attempt in range(3):  # deleted while read: look again
-            if cid:
-                found = next(checkpoints(scope, names(ns, cid)[1] + ".", None, 2), None)
-            else:
-                # The newest checkpoint is its writes (if any) then its record: as many
-                # rows as last time, then one more at a time.
-                rows = self._newest_rows.get(newest, 1)
-                found = next(checkpoints(scope, f"c.{s}.", None, rows, 1), None)
-                if found is not None:
-                    self._newest_rows[newest] = 1 if found.writes is None else 2
+        for _attempt in range(4):  # deleted while read, or migrated: look again
+            try:
+                if cid:
+                    base = names(ns, cid)[1]
+                    found = next(checkpoints(scope, base + ".", None, 2), None)
+                    if found is None and scope.get_bytes(base) is not None:
+                        raise OldLayout(scope, base)  # a 0.2 record (without writes)
+                else:
+                    # The newest checkpoint is its writes (if any) then its record: as
+                    # many rows as last time, then one more at a time.
+                    rows = self._newest_rows.get(newest, 1)
+                    found = next(checkpoints(scope, f"c.{s}.", None, rows, 1), None)
+                    if found is not None:
+                        self._newest_rows[newest] = 1 if found.writes is None else 2
+            except OldLayout:
+                upgrade(self.db, scope)
+                continue
             if found is None:
                 return None
             try:
@@ -355,22 +369,38 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         if limit is not None and limit <= 0:
             return
         count = 0
-        for _order, scope, thread_id, found in self._candidates(conf, before_id, limit, filter):
-            if not matches(found.record["metadata"], filter):
-                continue
+        # A thread of agentstate 0.2's layout met on the way is migrated, and the
+        # reading resumes at the last checkpoint given (skipped, with its equals).
+        resume: str | None = None
+        given: set[tuple[str, str]] = set()  # those given whose order is `resume`
+        for _attempt in range(16):
             try:
-                tup = self._tuple(scope, thread_id, found)
-            except Missing:
-                continue  # deleted while we read it
-            yield tup
-            count += 1
-            if limit is not None and count >= limit:
+                for order, scope, thread_id, found in self._candidates(conf, before_id, limit,
+                                                                       filter, resume):
+                    if (scope.id, found.base) in given or \
+                            not matches(found.record["metadata"], filter):
+                        continue
+                    try:
+                        tup = self._tuple(scope, thread_id, found)
+                    except Missing:
+                        continue  # deleted while we read it
+                    yield tup
+                    if order != resume:
+                        resume, given = order, set()
+                    given.add((scope.id, found.base))
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
                 return
+            except OldLayout as old:
+                upgrade(self.db, old.scope)
+        raise agentstate.Damaged("list: threads keep changing back to agentstate 0.2's layout")
 
     def _candidates(self, conf: dict[str, Any], before_id: str | None, limit: int | None,
-                    filter: dict[str, Any] | None
+                    filter: dict[str, Any] | None, resume: str | None = None
                     ) -> Iterator[tuple[str, agentstate.Scope, Any, Found]]:
-        """(order, scope, thread id, checkpoint), newest first."""
+        """(order, scope, thread id, checkpoint), newest first; from the order
+        ``resume`` on (included) when given."""
         if "thread_id" in conf:
             threads = [conf["thread_id"]]
         else:
@@ -396,6 +426,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             for s in spaces:
                 # after the checkpoint named by before (its writes and record sort first)
                 start = f"c.{s}.{descending(before_id, MAX_ID_BYTES)}.r" if before_id else None
+                start = f"c.{s}.{resume}" if resume else start  # resume: past before
                 streams.append(_ordered(scope, thread_id, f"c.{s}.",
                                         checkpoints(scope, f"c.{s}.", start, first)))
         return heapq.merge(*streams, key=lambda x: x[0])
@@ -450,7 +481,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) whose metadata names one of
         ``run_ids``, in every thread; bytes other checkpoints still use stay."""
-        _threads.delete_for_runs(self, run_ids)
+        self._upgrading(_threads.delete_for_runs, run_ids)
 
     @on_pool
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -459,7 +490,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         :raises VersionConflict: the target holds one of the keys with other
             content; nothing is copied.
         """
-        _threads.copy_thread(self, source_thread_id, target_thread_id)
+        self._upgrading(_threads.copy_thread, source_thread_id, target_thread_id)
 
     @on_pool
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -470,7 +501,17 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
 
         :raises ValueError: an unknown strategy.
         """
-        _threads.prune(self, thread_ids, strategy)
+        self._upgrading(_threads.prune, thread_ids, strategy)
+
+    def _upgrading(self, op: Any, *args: Any) -> None:
+        """``op(self, *args)``, after migrating the threads of agentstate 0.2's layout
+        it meets (it raises OldLayout having changed nothing)."""
+        for _attempt in range(16):
+            try:
+                return op(self, *args)
+            except OldLayout as old:
+                upgrade(self.db, old.scope)
+        raise agentstate.Damaged("threads keep changing back to agentstate 0.2's layout")
 
     def _forget(self, scope: agentstate.Scope) -> None:
         """Drop what is remembered of a thread whose checkpoints were deleted."""
