@@ -208,7 +208,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 channels[ch] = old  # unchanged: the parent's bytes
             elif ch in values:
                 channels[ch] = self._channel(scope, values[ch], old, s, blobs)
-        head = {k: checkpoint[k] for k in STANDARD if k in checkpoint}  # type: ignore[literal-required]
+        head = {k: checkpoint[k] for k in STANDARD if k in checkpoint}
         other = {k: v for k, v in checkpoint.items() if k not in STANDARD and k != "channel_values"}
         record: dict[str, Any] = {"format": RECORD_FORMAT, "id": checkpoint["id"], "ns": ns,
                                   "parent": parent_id, "checkpoint": head, "metadata": metadata,
@@ -464,7 +464,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         parent = record["parent"]
         return CheckpointTuple(
             config={"configurable": {**conf, "checkpoint_id": cid}},
-            checkpoint=checkpoint,  # type: ignore[arg-type]
+            checkpoint=checkpoint,
             metadata=record["metadata"],
             parent_config={"configurable": {**conf, "checkpoint_id": parent}} if parent else None,
             pending_writes=writes,
