@@ -8,6 +8,8 @@ skipped and the markdown still written. No timing target is asserted.
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 import sys
@@ -27,6 +29,7 @@ def _section(md: str, n: int) -> str:
     return m.group(0)
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
 def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "out"
     p = subprocess.run(
@@ -68,6 +71,7 @@ def test_quick_run_writes_every_figure(tmp_path: Path) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
 def test_feed_benchmark_quick_run(tmp_path: Path) -> None:
     """``python -m benchmarks.feed --quick`` measures wake-ups, idle CPU and churn (no target asserted)."""
     p = subprocess.run([sys.executable, "-m", "benchmarks.feed", "--quick", "--out", str(tmp_path)],
@@ -80,6 +84,7 @@ def test_feed_benchmark_quick_run(tmp_path: Path) -> None:
     assert re.search(r"\| `db\.awatch` \| [0-9.]+% \|", md)
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
 def test_server_benchmark_quick_run(tmp_path: Path) -> None:
     """``python -m benchmarks.server --quick``: the API beside a bare endpoint (no target asserted)."""
     p = subprocess.run([sys.executable, "-m", "benchmarks.server", "--quick", "--out", str(tmp_path)],

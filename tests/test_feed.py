@@ -260,6 +260,7 @@ def _churn_writer(path, n, seed):
             db.scope("agent", f"a{rnd.randrange(3)}").update("n", lambda v: v + 1, default=0)
 
 
+@pytest.mark.slow_on_postgres  # PostgreSQL's case in CI's -m slow (seconds)
 def test_a_polling_reader_never_sees_a_lower_seq_appear(db):
     """Many processes commit while a reader polls: the seqs it reads are contiguous and rising,
     and what it saw is exactly what the feed holds afterwards."""

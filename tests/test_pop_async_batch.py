@@ -340,6 +340,7 @@ def test_tasks_started_inside_a_turn_take_turns_once_it_is_over(db, monkeypatch)
     assert len(calls) == 200 and kv.get("n") == 200
 
 
+@pytest.mark.slow_on_postgres  # PostgreSQL's case in CI's -m slow (seconds)
 def test_a_cancelled_task_s_cleanup_aupdate_goes_without_a_turn_it_cannot_get(db):
     """A task being cancelled records its status in its except clause, on a key another
     task holds for longer than TURN_WAIT: the update goes without the turn and lands

@@ -488,6 +488,7 @@ class RunModel(RuleBasedStateMachine):
             self.db.close()
 
 
+@pytest.mark.slow_on_postgres  # PostgreSQL's case in CI's -m slow (seconds)
 def test_run_model(db):
     machine = type("RunModelHere", (RunModel,), {"store": db, "target": target(db)})
     run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=25,

@@ -343,6 +343,7 @@ def test_eight_processes_race_start_turn(db):
         assert all(x[1] == "busy" and x[2] == winners[0] for x in this if x[1] != "won"), this
 
 
+@pytest.mark.slow_on_postgres  # PostgreSQL's case in CI's -m slow (seconds)
 def test_killed_process_turn_expires_and_frees_the_session(db):
     """SIGKILL a process mid-turn: once its lease lapses another process starts a turn."""
     sid = db.sessions.create(ALICE).id
@@ -438,6 +439,7 @@ class TurnModel(RuleBasedStateMachine):
         assert got == {tid: s for tid, (_, s) in self.turns.items()}
 
 
+@pytest.mark.slow_on_postgres  # PostgreSQL's case in CI's -m slow (seconds)
 def test_turn_model(db):
     machine = type("TurnModelHere", (TurnModel,), {"store": db})
     run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=30,

@@ -8,6 +8,8 @@ turns. DatabaseSessionService may be reported as not installed. No speed is asse
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 import sys
@@ -18,6 +20,7 @@ MS = r"[0-9.]+ \([0-9.]+-[0-9.]+\)"
 RATIO = r"\*\*[0-9.]+×\*\*"
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
 def test_quick_run_writes_the_tables(tmp_path: Path) -> None:
     """--quick --out DIR writes every row, on both backends, with the machine."""
     p = subprocess.run([sys.executable, "-m", "benchmarks.adapter_adk", "--quick",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import agentstate
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
 def test_quick_benchmark_writes_its_tables(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(agentstate.__file__).resolve().parents[1])}
     done = subprocess.run(

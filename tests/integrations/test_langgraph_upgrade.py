@@ -298,7 +298,8 @@ def race(path: str, expected: dict[str, Any]) -> None:
         assert differences(dump(AgentStateSaver(db)), expected) == []
 
 
-@pytest.mark.parametrize("round_", range(3))
+# one round by default, two more in CI's -m slow
+@pytest.mark.parametrize("round_", [0, *(pytest.param(i, marks=pytest.mark.slow) for i in (1, 2))])
 def test_two_processes_migrating_one_thread_at_once_both_read_it_whole(stored, tmp_path, round_):
     """Two processes meet the same 0.2 threads at the same moment: both read exactly
     what 0.2 read, and the file ends in the new layout, nothing lost or doubled."""

@@ -8,6 +8,8 @@ the Runner's turns and the WAL line are there.
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 import sys
@@ -18,6 +20,7 @@ TIME = r"[0-9.]+ (?:µs|ms)"
 RATIO = r"\*\*[0-9.]+×\*\*"
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
 def test_quick_benchmark_writes_the_tables(tmp_path: Path) -> None:
     """--quick --out FILE writes a row per operation and history, the pieces, the Runner
     and the WAL frames."""
