@@ -218,6 +218,55 @@ class Readable:
         return [r for r in self.rules if r.kind != RUNS]
 
 
+class GrantSQL:
+    """How a backend writes the SQL of SPEC §15's rules: a parameter's placeholder, an id a
+    rule covers, and "not an id of a session's form". The rules themselves are written once,
+    below (``readable_sql``, ``runs_sql``), for both backends."""
+
+    true: str = "true"
+
+    def param(self, name: str) -> str:
+        raise NotImplementedError
+
+    def prefix_match(self, column: str, name: str, prefix: str) -> str:
+        raise NotImplementedError
+
+    def not_a_session(self, column: str) -> str:
+        raise NotImplementedError
+
+    def id_match(self, rule: Rule, column: str, params: dict[str, Any], name: str) -> str:
+        """SQL that is true where ``column`` is an id ``rule`` covers."""
+        if rule.prefix and not rule.id:
+            return self.true
+        params[name] = rule.id
+        return (self.prefix_match(column, name, rule.id) if rule.prefix
+                else f"{column} = {self.param(name)}")
+
+    def readable_sql(self, r: Readable, params: dict[str, Any]) -> str:
+        """The changes a token with grants may read (``Readable``), as one condition."""
+        params["owner"] = r.owner
+        terms = ["(topic = 'session' OR (topic = 'kv' AND kind = 'session')) AND scope_id IN "
+                 f"(SELECT id FROM session WHERE owner = {self.param('owner')})"]
+        for i, rule in enumerate(r.rules):
+            match = self.id_match(rule, "scope_id", params, f"g{i}")
+            if rule.kind == RUNS:
+                terms.append(f"topic = 'run' AND {match}")
+            else:
+                params[f"k{i}"] = rule.kind
+                terms.append(f"topic = 'kv' AND kind = {self.param(f'k{i}')} AND {match}" + (
+                    f" AND {self.not_a_session('scope_id')}" if rule.kind == "session" else ""))
+        return "(" + " OR ".join(f"({t})" for t in terms) + ")"
+
+    def runs_sql(self, grants: tuple[Rule, ...], params: dict[str, Any]) -> str | None:
+        """The runs a token with ``grants`` may list, as one condition; None when no
+        ``runs`` rule covers any."""
+        rules = [r for r in grants if r.kind == RUNS]
+        if not rules:
+            return None
+        return "(" + " OR ".join(self.id_match(r, "id", params, f"g{i}")
+                                 for i, r in enumerate(rules)) + ")"
+
+
 # -- the seam ---------------------------------------------------------------------------
 
 Batched = tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]  # op, kind, sid, key, args, kwargs

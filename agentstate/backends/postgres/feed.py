@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._grants import RUNS, Rule
-from ..base import SETTINGS, Filters, Readable, check_cursor
+from ..base import SETTINGS, Filters, GrantSQL, Readable, check_cursor
 from .statements import READ, SEQUENCE, Conn
 
 __all__ = ["head", "scan", "settings", "set_setting"]
@@ -55,38 +54,25 @@ def scan(c: Conn, since: int, limit: int, flt: Filters, readable: Readable | Non
     if upto is not None:
         where += " AND seq <= %(upto)s"
     if readable is not None:
-        where += " AND " + _readable(readable, params)
+        where += " AND " + GRANTS.readable_sql(readable, params)
     rows = c.execute(
         f"SELECT {COLUMNS} FROM change WHERE seq > %(since)s{where} ORDER BY seq LIMIT %(limit)s",
         params).fetchall()
     return rows, top
 
 
-def id_match(rule: Rule, column: str, params: dict[str, Any], name: str) -> str:
-    """SQL that is true where ``column`` is an id ``rule`` covers."""
-    if not rule.prefix:
-        params[name] = rule.id
-        return f"{column} = %({name})s"
-    if not rule.id:
-        return "true"
-    params[name] = rule.id
-    return f"starts_with({column}, %({name})s)"
+class _GrantSQL(GrantSQL):
+    def param(self, name: str) -> str:
+        return f"%({name})s"
+
+    def prefix_match(self, column: str, name: str, prefix: str) -> str:
+        return f"starts_with({column}, %({name})s)"
+
+    def not_a_session(self, column: str) -> str:
+        return f"{column} !~ '^s-[0-9a-f]{{32}}$'"
 
 
-def _readable(r: Readable, params: dict[str, Any]) -> str:
-    """The changes a token with grants may read (base.Readable), as one condition."""
-    params["owner"] = r.owner
-    terms = ["(topic = 'session' OR (topic = 'kv' AND kind = 'session')) "
-             "AND scope_id IN (SELECT id FROM session WHERE owner = %(owner)s)"]
-    for i, rule in enumerate(r.rules):
-        match = id_match(rule, "scope_id", params, f"g{i}")
-        if rule.kind == RUNS:
-            terms.append(f"topic = 'run' AND {match}")
-        else:
-            params[f"k{i}"] = rule.kind
-            terms.append(f"topic = 'kv' AND kind = %(k{i})s AND {match}"
-                         + (" AND scope_id !~ '^s-[0-9a-f]{32}$'" if rule.kind == "session" else ""))
-    return "(" + " OR ".join(f"({t})" for t in terms) + ")"
+GRANTS = _GrantSQL()
 
 
 def settings(c: Conn) -> dict[str, Any]:

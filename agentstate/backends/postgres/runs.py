@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._encoding import same_json
-from ..._grants import RUNS, Rule
+from ..._grants import Rule
 from ...errors import HistoryGap, RunNotFound
 from . import feed
 from .statements import Conn
@@ -106,11 +106,10 @@ def summaries(c: Conn, after: str | None, limit: int | None,
             raise RunNotFound(f"no run {after!r} to list after (deleted since?): list from the start")
         where.append("(updated_at, id) < (SELECT updated_at, id FROM run WHERE id = %(after)s)")
     if grants is not None:
-        rules = [r for r in grants if r.kind == RUNS]
-        if not rules:
+        allowed = feed.GRANTS.runs_sql(grants, params)
+        if allowed is None:
             return []
-        where.append("(" + " OR ".join(feed.id_match(r, "id", params, f"g{i}")
-                                       for i, r in enumerate(rules)) + ")")
+        where.append(allowed)
     return c.execute(
         f"""SELECT id, iso_utc(created_at), iso_utc(updated_at), (snapshot -> 'task')::text,
                    (snapshot -> 'turn')::text, (snapshot -> 'stopped_by')::text,

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 
-from ..._grants import RUNS, Rule
-from ..base import SETTINGS, Conn, Filters, Readable, check_cursor, iso, now_iso
+from ..base import SETTINGS, Conn, Filters, GrantSQL, Readable, check_cursor, iso, now_iso
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -60,7 +59,7 @@ def changes(c: Conn, since: int, limit: int, filters: Filters, readable: Readabl
     if upto is not None:
         where += " AND seq <= :upto"
     if readable is not None:
-        where += " AND " + _readable(readable, params)
+        where += " AND " + GRANTS.readable_sql(readable, params)
     return c.execute(
         f"SELECT {COLUMNS} FROM change WHERE seq > :since{where} ORDER BY seq LIMIT :limit",
         params).fetchall()
@@ -69,31 +68,20 @@ def changes(c: Conn, since: int, limit: int, filters: Filters, readable: Readabl
 SESSION_FORM = "s-" + "[0-9a-f]" * 32  # base.SESSION_ID as a GLOB
 
 
-def id_match(rule: Rule, column: str, params: dict[str, Any], name: str) -> str:
-    """SQL that is true where ``column`` is an id ``rule`` covers."""
-    if not rule.prefix:
-        params[name] = rule.id
-        return f"{column} = :{name}"
-    if not rule.id:
-        return "1"
-    params[name] = rule.id
-    return f"substr({column}, 1, {len(rule.id)}) = :{name}"  # ids are ASCII: chars are bytes
+class _GrantSQL(GrantSQL):
+    true = "1"
+
+    def param(self, name: str) -> str:
+        return f":{name}"
+
+    def prefix_match(self, column: str, name: str, prefix: str) -> str:
+        return f"substr({column}, 1, {len(prefix)}) = :{name}"  # ids are ASCII: chars are bytes
+
+    def not_a_session(self, column: str) -> str:
+        return f"{column} NOT GLOB '{SESSION_FORM}'"
 
 
-def _readable(r: Readable, params: dict[str, Any]) -> str:
-    """The changes a token with grants may read (base.Readable), as one condition."""
-    params["owner"] = r.owner
-    terms = ["(topic = 'session' OR (topic = 'kv' AND kind = 'session')) "
-             "AND scope_id IN (SELECT id FROM session WHERE owner = :owner)"]
-    for i, rule in enumerate(r.rules):
-        match = id_match(rule, "scope_id", params, f"g{i}")
-        if rule.kind == RUNS:
-            terms.append(f"topic = 'run' AND {match}")
-        else:
-            params[f"k{i}"] = rule.kind
-            terms.append(f"topic = 'kv' AND kind = :k{i} AND {match}"
-                         + (f" AND scope_id NOT GLOB '{SESSION_FORM}'" if rule.kind == "session" else ""))
-    return "(" + " OR ".join(f"({t})" for t in terms) + ")"
+GRANTS = _GrantSQL()
 
 
 def scan(c: Conn, since: int, limit: int, flt: Filters, readable: Readable | None = None,

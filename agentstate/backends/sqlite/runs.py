@@ -6,7 +6,7 @@ from typing import Any
 
 
 from ..._encoding import same_json
-from ..._grants import RUNS, Rule
+from ..._grants import Rule
 from ...errors import HistoryGap, RunExists, RunNotFound
 from ..base import Conn, now_iso
 from . import feed
@@ -163,11 +163,10 @@ def summaries(c: Conn, after: str | None, limit: int | None,
             raise RunNotFound(f"no run {after!r} to list after (deleted since?): list from the start")
         where.append("(updated_at, rowid) < (SELECT updated_at, rowid FROM run WHERE id = :after)")
     if grants is not None:
-        rules = [r for r in grants if r.kind == RUNS]
-        if not rules:
+        allowed = feed.GRANTS.runs_sql(grants, params)
+        if allowed is None:
             return []
-        where.append("(" + " OR ".join(feed.id_match(r, "id", params, f"g{i}")
-                                       for i, r in enumerate(rules)) + ")")
+        where.append(allowed)
     return c.execute(
         f"""SELECT id, created_at, updated_at, snapshot -> '$.task', snapshot -> '$.turn',
                    snapshot -> '$.stopped_by', snapshot -> '$.finished', pinned
