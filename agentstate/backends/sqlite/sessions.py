@@ -223,10 +223,9 @@ def check_fence(c: Conn, turn_id: str, owner: str | None = None) -> None:
     ``owner``, is of that principal's session: another's turn is as unknown). Inside a write
     transaction, which holds the file's write lock: no turn can start before its COMMIT."""
     now = time.time()
-    row = turn_row(c, turn_id)
-    if row is not None and owner is not None and c.execute(
-            "SELECT 1 FROM session WHERE id = ? AND owner = ?", (row[1], owner)).fetchone() is None:
-        row = None
+    row = turn_row(c, turn_id) if owner is None else c.execute(
+        f"SELECT {_COLUMNS.format(t='t.')} FROM turn t JOIN session s ON s.id = t.session_id "
+        "WHERE t.id = ? AND s.owner = ?", (turn_id, owner)).fetchone()
     if not turn_live(row, now):
         status = "unknown" if row is None else effective_status(row[3], row[9], now)
         raise LeaseLost(f"turn {turn_id!r} no longer holds its lease ({status}): "
