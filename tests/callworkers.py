@@ -7,6 +7,7 @@ A target is what ``open_target`` opens: a file path, a ``postgresql://`` URL, or
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import agentstate
 
@@ -109,3 +110,14 @@ def _fenced_worker(target: str, session_id: str, lease: float, ready, resume, re
             except agentstate.LeaseLost:
                 outcome[name] = "lease_lost"
         results.put(outcome)
+
+
+def run_spawned(target: Any, *args: Any, timeout: float = 120) -> int | None:
+    """target(*args) in a spawned process; its exit code (-9: it SIGKILLed itself)."""
+    import multiprocessing as mp
+
+    p = mp.get_context("spawn").Process(target=target, args=args)
+    p.start()
+    p.join(timeout)
+    assert not p.is_alive(), "the worker hung"
+    return p.exitcode

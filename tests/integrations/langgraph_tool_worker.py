@@ -27,22 +27,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 import agentstate
 from agentstate.integrations.langgraph import AgentStateSaver
 
-
-def effect(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, (line + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def effects_of(path: str) -> list[str]:
-    try:
-        with open(path) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
+from ..callworkers import effect, effects as effects_of  # noqa: F401  (the tests read effects_of)
 
 
 def build(db: agentstate.Database, effects: str, crash: str, lease: float) -> Any:

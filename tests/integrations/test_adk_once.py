@@ -5,7 +5,6 @@ tool, and the invocation resumed by ADK's own resumability runs no second effect
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -23,6 +22,8 @@ from google.genai import types
 
 import agentstate
 from agentstate.integrations.adk import AgentStateSessionService
+
+from ..callworkers import run_spawned
 
 APP, USER, SID = "shop", "ada", "s-1"
 LEASE = 1.0  # seconds a claim stays "in progress" (the test waits it out after the kill)
@@ -96,11 +97,7 @@ def worker(db_path: str, ledger: str, crash: str, resume: bool) -> None:
 
 
 def run(*args: Any) -> int | None:
-    p = mp.get_context("spawn").Process(target=worker, args=args)
-    p.start()
-    p.join(120)
-    assert not p.is_alive(), "the worker hung"
-    return p.exitcode
+    return run_spawned(worker, *args)
 
 
 @pytest.mark.parametrize("crash", ["after-effect", "before-effect"])

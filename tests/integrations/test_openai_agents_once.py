@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, RunContextWrapper, Runner, RunState, function_tool, set_tracing_disabled
+from agents import Agent, Runner, RunState, function_tool, set_tracing_disabled
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
@@ -26,6 +25,8 @@ from openai.types.responses import (ResponseFunctionToolCall, ResponseOutputMess
 
 import agentstate
 from agentstate.integrations.openai_agents import AgentStateSession
+
+from ..callworkers import run_spawned
 
 SID = "chat-1"
 RUN = f"tools:{SID}"  # the run that keeps the session's tool calls
@@ -108,11 +109,7 @@ def worker(db_path: str, ledger: str, crash: str, resume: bool) -> None:
 
 
 def run(*args: Any) -> int | None:
-    p = mp.get_context("spawn").Process(target=worker, args=args)
-    p.start()
-    p.join(120)
-    assert not p.is_alive(), "the worker hung"
-    return p.exitcode
+    return run_spawned(worker, *args)
 
 
 @pytest.mark.parametrize("crash", ["after-effect", "before-effect"])
