@@ -12,20 +12,12 @@ import {
   type Change, type Database,
 } from "agentstate";
 import { disagreements, type Doc } from "./openapi.js";
-import { serve, type Served } from "./server.js";
+import { fresh, served, type Served } from "./server.js";
 
 let srv: Served;
 let db: Database;
-let n = 0;
-/** A scope id no other test uses. */
-const fresh = (p = "t") => `${p}-${++n}`;
-
-before(async () => {
-  srv = await serve();
-  db = connect(srv.url, { token: srv.token });
-});
-after(async () => {
-  await srv?.close();
+served((s, d) => {
+  [srv, db] = [s, d];
 });
 
 describe("scopes", () => {

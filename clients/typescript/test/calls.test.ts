@@ -11,19 +11,12 @@ import {
   CallFailed, CallInProgress, InDoubt, InvalidTransition, InvalidValue, LeaseLost, NOT_RUN, RunNotFound, connect,
   type Database, type Fence, type JsonObject, type Scope, type Turn,
 } from "agentstate";
-import { serve, type Served } from "./server.js";
+import { fresh, served, type Served } from "./server.js";
 
 let srv: Served;
 let db: Database;
-let n = 0;
-const fresh = (p = "t") => `${p}-${++n}`;
-
-before(async () => {
-  srv = await serve();
-  db = connect(srv.url, { token: srv.token });
-});
-after(async () => {
-  await srv?.close();
+served((s, d) => {
+  [srv, db] = [s, d];
 });
 
 /** A running turn (its lease: a minute) of a new session. */

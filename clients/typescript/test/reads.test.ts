@@ -9,19 +9,12 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
 import { Forbidden, InvalidKey, InvalidValue, RunNotFound, connect, type Database, type JsonObject } from "agentstate";
-import { serve, type Served } from "./server.js";
+import { fresh, served, type Served } from "./server.js";
 
 let srv: Served;
 let db: Database;
-let n = 0;
-const fresh = (p = "t") => `${p}-${++n}`;
-
-before(async () => {
-  srv = await serve();
-  db = connect(srv.url, { token: srv.token });
-});
-after(async () => {
-  await srv?.close();
+served((s, d) => {
+  [srv, db] = [s, d];
 });
 
 /** A client whose requests are counted. */

@@ -12,6 +12,9 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { after, before } from "node:test";
+
+import { connect, type Database } from "agentstate";
 
 export const PYTHON = process.env.AGENTSTATE_PYTHON || "python3";
 const live = new Set<ChildProcess>();
@@ -114,6 +117,23 @@ export class Served {
 }
 
 /** A new store with an admin token and a plain user's ("bob"), served on a free port. */
+/** A scope (or run) id no other test of this process uses. */
+let made = 0;
+export const fresh = (prefix = "t"): string => `${prefix}-${++made}`;
+
+/** A server for the tests of one file and a client of it, handed to `use` once up: started
+ * before the file's tests, stopped after them. */
+export function served(use: (srv: Served, db: Database) => void): void {
+  let srv: Served | undefined;
+  before(async () => {
+    srv = await serve();
+    use(srv, connect(srv.url, { token: srv.token }));
+  });
+  after(async () => {
+    await srv?.close();
+  });
+}
+
 export async function serve(): Promise<Served> {
   const dir = mkdtempSync(join(tmpdir(), "agentstate-ts-"));
   const db = join(dir, "store.db");
