@@ -269,35 +269,16 @@ def run_backend(make: Callable[[str], Pair], sizes: dict[str, Any], repeats: int
 
 def postgres_backend() -> tuple[Callable[[str], Pair], str, Callable[[], None]]:
     """A pair factory on PostgreSQL ($DATABASE_URL, else a throwaway server with the
-    default durability), the server's version, and what stops it."""
-    import psycopg
+    default durability: adapter_pg.Postgres), the server's version, and what stops it."""
+    from .adapter_pg import Postgres
 
-    from tests import pgserver
-
-    admin, server = os.environ.get("DATABASE_URL"), None
-    if not admin:
-        bin_dir = pgserver.bindir()
-        if bin_dir is None:
-            raise SystemExit("no PostgreSQL binaries and no DATABASE_URL (or pass --no-postgres)")
-        pgserver.sweep(bin_dir)
-        server = pgserver.Server(bin_dir, settings=pgserver.DURABLE).start()
-        admin = server.admin_url
-    schemas: list[str] = []
+    pg = Postgres().__enter__()
 
     def fresh() -> str:
-        schemas.append(pgserver.new_schema(admin))
-        return pgserver.schema_url(admin, schemas[-1])
+        return pg.url(pg.schema())
 
-    def stop() -> None:
-        for name in schemas:
-            pgserver.drop_schema(admin, name)
-        if server is not None:
-            server.stop()
-
-    with psycopg.connect(admin) as c:
-        row = c.execute("SHOW server_version").fetchone()
-        version = f"PostgreSQL {row[0] if row else '?'} (fsync on, synchronous_commit on)"
-    return (lambda _part: PostgresPair(fresh)), version, stop
+    version = f"PostgreSQL {pg.version()} (fsync on, synchronous_commit on)"
+    return (lambda _part: PostgresPair(fresh)), version, lambda: pg.__exit__(None, None, None)
 
 
 def section(title: str, rows: dict[str, list], theirs: str, chat_bytes: str = "") -> list[str]:
