@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import select
 import signal
 import subprocess
 import sys
@@ -288,16 +289,21 @@ def test_command_changes_and_follow(db):
     assert line["op"] == "put" and line["at"].endswith("Z")
     # A child inherits an ignored SIGINT (as in a shell script's background job) and
     # Python then installs no KeyboardInterrupt handler: give it the default to inherit.
+    # --since the head: a child slower to start than the append below still prints it (with
+    # no --since it follows from its own start, and a loaded CI machine once hung here).
+    head = db.last_change()
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         p = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db_path, "--json",
-                              "changes", "--follow"],
+                              "changes", "--follow", "--since", str(head)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, old)
     try:
-        time.sleep(1.5)  # started and waiting
+        time.sleep(1.0)  # usually started and waiting: the append then wakes its watch
         db.scope("app", "a").append("l", [1])
+        ready, _, _ = select.select([p.stdout], [], [], 60)
+        assert ready, "the follower printed nothing in 60 s"
         got = json.loads(p.stdout.readline())
         assert got["op"] == "append" and got["key"] == "l"
     finally:
