@@ -57,6 +57,20 @@ def test_items_pages_keys_with_their_values(db):
     assert [k for k, _ in kv.items()] == kv.list()
 
 
+def test_items_gives_lists_with_their_items(db):
+    """A page holding a list gives its items (on SQLite such a page is read a second way:
+    kv.items reads a page without list items first)."""
+    kv = db.scope("agent", "bot")
+    kv.put("a", 1)
+    kv.append("b", [1, {"x": "two"}])
+    kv.append("b", [3])
+    kv.put("c", [4])  # a JSON array, not a list
+    assert kv.items() == [("a", Versioned(1, 1)), ("b", Versioned([1, {"x": "two"}, 3], 2)),
+                          ("c", Versioned([4], 1))]
+    assert kv.items(after="b") == [("c", Versioned([4], 1))]
+    assert kv.items("b") == [("b", Versioned([1, {"x": "two"}, 3], 2))]
+
+
 def test_clear_deletes_every_key_of_the_scope(db):
     """clear: every key of the scope in one transaction, a delete change each; versions
     continue above the cleared ones; other scopes keep theirs."""
