@@ -341,8 +341,16 @@ class Tokens:
         if expires is not None and (isinstance(expires, bool) or not isinstance(expires, (int, float))
                                     or not 0 < expires < 1e11):
             raise InvalidValue(f"expires must be a number of seconds > 0, got {expires!r}")
-        return self._ops.token_create(p.name, p.admin, _grants.dumps(rules),
-                                      None if expires is None else float(expires))
+        token = self._ops.token_create(p.name, p.admin, _grants.dumps(rules),
+                                       None if expires is None else float(expires))
+        assert token is not None  # None only for a first token
+        return token
+
+    def create_first_admin(self, name: str = "admin") -> str | None:
+        """An admin token for ``name`` only if the store has no token at all (expired ones
+        count), decided in the insert's own transaction: servers started at once on an empty
+        store make one between them. None when a token existed (``agentstate serve``)."""
+        return self._ops.token_create(Principal(name, True).name, True, None, None, first=True)
 
     def principal(self, token: str) -> Principal | None:
         """The principal a token acts as; None for an unknown (or expired) token."""

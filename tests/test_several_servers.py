@@ -26,6 +26,8 @@ import pytest
 import agentstate
 from agentstate.server.ui._signin import COOKIE
 
+from . import workers
+from .conftest import target
 from .serverproc import free_port
 from .test_server_feed import events
 
@@ -203,3 +205,42 @@ def test_updates_from_clients_spread_over_the_servers_lose_nothing(cluster):
         c.close()
     assert errors == []
     assert db.scope("app", "shared").get("n") == per * len(clients)
+
+
+def test_servers_starting_together_on_an_empty_store_make_one_admin_token(any_db):
+    """`serve` makes an admin token when the store has none: six processes asking at once
+    (a barrier, real processes) get one token between them, on a file and on PostgreSQL."""
+    got = workers.race(workers.first_admin, lambda w: (target(any_db),), n=6)
+    made = [t for t in got if t is not None]
+    assert len(made) == 1 and any_db.tokens.principal(made[0]) == agentstate.Principal("admin", True)
+    assert [(t["name"], t["admin"]) for t in any_db.tokens.list()] == [("admin", True)]
+    assert any_db.tokens.create_first_admin() is None
+
+
+def test_a_first_token_asked_for_while_another_is_being_made_is_none(any_db):
+    """Another process asks while this one's first token is made but not yet committed: it
+    waits for that commit and then makes none (on PostgreSQL the table lock does this; a
+    plain insert-if-none there would see no committed token and make a second)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    start, results, ready = ctx.Event(), ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=workers.first_admin, args=(target(any_db), start, results, ready))
+    proc.start()
+    try:
+        assert ready.get(timeout=120) == "open"
+        with any_db.transaction():
+            mine = any_db.tokens.create_first_admin()
+            start.set()
+            time.sleep(1.0)  # the other asks meanwhile, and must wait for this commit
+        assert mine is not None and results.get(timeout=60) is None
+    finally:
+        proc.join(60)
+    assert proc.exitcode == 0 and len(any_db.tokens.list()) == 1
+
+
+def test_an_expired_token_still_counts_as_the_first(any_db):
+    """No first admin token once any token was made, even one that has expired."""
+    any_db.tokens.create("bot", expires=0.01)
+    time.sleep(0.05)
+    assert any_db.tokens.create_first_admin() is None and len(any_db.tokens.list()) == 1

@@ -213,3 +213,13 @@ def open_new(path: str, barrier, results) -> None:
         results.put("ok")
     except Exception as e:  # noqa: BLE001 - reported to the test
         results.put(repr(e))
+
+
+def first_admin(path: str, start, results, ready=None) -> None:
+    """Ask for the store's first admin token at once with the others (as servers starting
+    together on an empty store do); ``ready`` is told once the store is open."""
+    with agentstate.open(path) as db:
+        if ready is not None:
+            ready.put("open")
+        start.wait()
+        results.put(db.tokens.create_first_admin())

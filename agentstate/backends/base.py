@@ -397,9 +397,10 @@ class Ops(Protocol):
 
     # API tokens (SPEC §12, §15) and the pages' sign-ins
     def token_create(self, name: str, admin: bool, grants: str | None,
-                     expires_in: float | None) -> str:
+                     expires_in: float | None, first: bool = False) -> str | None:
         """A new token (returned once; only its hash is kept), with its grants (a JSON array
-        of rules, or None) and its lifetime in seconds (None: no end)."""
+        of rules, or None) and its lifetime in seconds (None: no end). ``first``: only if
+        the store has no token at all, checked in the insert's transaction (else None)."""
         ...
     def token_find(self, token: str) -> Row | None:
         """(name, admin, grants, seconds until it expires or None) of a live token."""

@@ -409,11 +409,11 @@ class LocalOps:
     # -- API tokens (SPEC §12) -------------------------------------------------
 
     def token_create(self, name: str, admin: bool, grants: str | None,
-                     expires_in: float | None) -> str:
+                     expires_in: float | None, first: bool = False) -> str | None:
         """A new token for ``name``: returned once, only its hash is stored."""
         token = secrets.token_urlsafe(32)
-        self._write(self.tokens.create, digest(token), name, admin, grants, expires_in)
-        return token
+        made = self._write(self.tokens.create, digest(token), name, admin, grants, expires_in, first)
+        return token if made else None
 
     def token_find(self, token: str) -> Row | None:
         """(name, admin, grants, seconds until it expires or None) of a live token, or None."""

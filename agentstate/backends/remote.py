@@ -541,7 +541,7 @@ class RemoteOps:
                            "with agentstate.open()): the HTTP API runs no SQL")
 
     def token_create(self, name: str, admin: bool, grants: str | None,
-                     expires_in: float | None) -> str:
+                     expires_in: float | None, first: bool = False) -> str | None:
         return self._local_only("tokens create")
 
     def token_find(self, token: str) -> Any:

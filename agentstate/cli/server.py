@@ -26,8 +26,8 @@ def serve(obj: Ctx, host: str, port: int) -> None:
     except ImportError as e:
         fail("usage_error", f"serve needs the server extra: pip install 'agentstate[server]' ({e})")
     db = obj.open(create=True)
-    if not db.tokens.list():
-        token = db.tokens.create("admin", admin=True)
+    token = db.tokens.create_first_admin("admin")  # one, whatever other servers start now
+    if token is not None:
         click.echo(f"No token existed: made one for the admin principal 'admin', shown only now:\n"
                    f"{token}")
     app = create_app(db)

@@ -11,11 +11,18 @@ _LEFT = "extract(epoch FROM {} - clock_timestamp())::float8"  # seconds until a 
 
 
 def create(c: Conn, digest: str, name: str, admin: bool, grants: str | None,
-           expires_in: float | None) -> None:
-    c.execute("INSERT INTO token (hash, name, admin, created_at, grants, expires_at) "
-              "VALUES (%s, %s, %s, clock_timestamp(), %s, "
-              "clock_timestamp() + %s * interval '1 second')",
-              (digest, name, admin, grants, expires_in))
+           expires_in: float | None, first: bool = False) -> bool:
+    """Whether it was made: ``first`` makes it only if there is no token at all."""
+    if first:
+        # Two servers starting on an empty store: the lock (which conflicts with itself and
+        # with inserts) makes the second wait for the first's commit; its insert's snapshot,
+        # taken after, then sees that token.
+        c.execute("LOCK TABLE token IN SHARE ROW EXCLUSIVE MODE")
+    return c.execute(
+        "INSERT INTO token (hash, name, admin, created_at, grants, expires_at) "
+        "SELECT %s, %s, %s, clock_timestamp(), %s, clock_timestamp() + %s * interval '1 second' "
+        "WHERE NOT %s OR NOT EXISTS (SELECT 1 FROM token) RETURNING 1",
+        (digest, name, admin, grants, expires_in, first)).fetchone() is not None
 
 
 def find(c: Conn, digest: str) -> tuple[Any, ...] | None:

@@ -10,11 +10,14 @@ from ..base import Conn, iso, now_iso
 
 
 def create(c: Conn, digest: str, name: str, admin: bool, grants: str | None,
-           expires_in: float | None) -> None:
+           expires_in: float | None, first: bool = False) -> bool:
+    """Whether it was made: ``first`` makes it only if there is no token at all (the write
+    transaction holds the file's write lock, so two first tokens cannot both see none)."""
     c.execute("INSERT INTO token (hash, name, admin, created_at, grants, expires_at) "
-              "VALUES (?, ?, ?, ?, ?, ?)",
+              "SELECT ?, ?, ?, ?, ?, ? WHERE NOT ? OR NOT EXISTS (SELECT 1 FROM token)",
               (digest, name, int(admin), now_iso(), grants,
-               None if expires_in is None else time.time() + expires_in))
+               None if expires_in is None else time.time() + expires_in, int(first)))
+    return c.changes() > 0
 
 
 def find(c: Conn, digest: str) -> tuple[Any, ...] | None:
