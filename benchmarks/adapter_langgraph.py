@@ -304,11 +304,12 @@ READING = """## Reading the figures
   check, the record, new channel bytes). The store's `get` is one read and a search
   one index page and one `get_many` per round of candidates.
 - SQLite reads: LangGraph's `get_tuple` is one indexed SELECT in about 20 µs. Ours is
-  one call too, but the store's range read alone takes 15-38 µs to execute in SQLite
-  on this machine (a point read of the same row: 8 µs; measured with apsw on the
-  statement `scope.items` runs), and then the record is JSON where LangGraph's row is
-  msgpack. The async twins run in a worker thread where AsyncSqliteSaver goes through
-  aiosqlite's queue, and are ahead.
+  one call too, but the store's range read of one row takes about 12 µs in SQLite on
+  this machine (a point read of the same row: 5 µs; measured with apsw on the
+  statement `scope.items` runs; 18.5 µs before its list-items subquery was left to
+  pages that hold a list), the layers above it about 10 µs, and then the record is
+  JSON where LangGraph's row is msgpack. The async twins run in a worker thread where
+  AsyncSqliteSaver goes through aiosqlite's queue, and are ahead.
 - Writes: on SQLite a put costs what its fsync costs, on both sides. On PostgreSQL a
   put is one transaction of several statements, each a round trip (BEGIN, the
   parent's check, a savepoint and the record, COMMIT), where
