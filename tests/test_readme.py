@@ -8,6 +8,8 @@ import subprocess
 import venv
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO
 
 
@@ -25,6 +27,7 @@ def test_readme_starts_with_two_commands_and_ci_runs_the_test_one():
     assert cmds[1] in ci.splitlines()
 
 
+@pytest.mark.timeout(900)  # pip's own bound is 600 s
 def test_readme_install_and_demo_on_a_clean_copy(tmp_path):
     """`pip install . && agentstate demo` as written, in a new venv on a copy of the tree."""
     src = tmp_path / "src"

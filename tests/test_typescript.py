@@ -42,6 +42,7 @@ def _install(npm: str) -> None:
     STAMP.write_text(digest)
 
 
+@pytest.mark.timeout(1800)  # npm ci (600 s) then npm test (900 s), each bounded
 def test_typescript_client_suites_pass():
     """The TypeScript client passes its node --test suites against a real agentstate serve."""
     npm = _npm()

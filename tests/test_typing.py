@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
 
 
+@pytest.mark.timeout(1200)  # mypy's own bound is 900 s
 def test_mypy_passes_on_the_package(tmp_path):
     # A cache of its own: a stale shared cache cannot hide an error, and runs in parallel
     # checkouts do not share one.

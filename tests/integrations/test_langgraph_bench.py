@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # a smoke run of a benchmark command (seconds of imports): CI's -m slow
+@pytest.mark.timeout(900)  # the command's own bound is 600 s
 def test_quick_benchmark_writes_its_tables(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(agentstate.__file__).resolve().parents[1])}
     done = subprocess.run(

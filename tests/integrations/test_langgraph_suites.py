@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 
 import agentstate
@@ -110,6 +111,7 @@ TTL_GROUPS = [
 ]
 
 
+@pytest.mark.timeout(1200)  # a download (300 s) then the suites (600 s), each bounded
 def test_sqlite_store_suites_pass(tmp_path):
     """LangGraph's store tests pass against AgentStateStore; the tests left out are
     exactly the shim's list (embedding search, private internals, one with its reason)."""

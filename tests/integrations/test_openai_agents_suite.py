@@ -18,6 +18,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from .openai_agents_shim import LEFT_OUT
 
 HERE = Path(__file__).resolve().parent
@@ -57,6 +59,7 @@ def openai_agents_sdist() -> Path:
     return root
 
 
+@pytest.mark.timeout(1500)  # a download then the suite (600 s each), each bounded
 def test_openai_agents_own_session_tests_pass(tmp_path: Path) -> None:
     """Every collected test of openai-agents' session suite passes against
     AgentStateSession; exactly the tests named in the shim's LEFT_OUT are left out."""
