@@ -71,6 +71,34 @@ def test_items_gives_lists_with_their_items(db):
     assert kv.items("b") == [("b", Versioned([1, {"x": "two"}, 3], 2))]
 
 
+def test_a_list_written_between_a_page_and_its_items_reads_as_one_state(db_path):
+    """SQLite reads a page without list items, then, as it holds a list, the page again
+    whole: a list written in between (here by this thread, between the two statements)
+    gives the version and the items of one state, never the old version's row with the
+    new items."""
+    from agentstate.backends.sqlite import kv as sqlite_kv
+
+    with agentstate.open(db_path) as db:
+        kv = db.scope("app", "a")
+        kv.append("l", [1])
+        kv.put("m", 2)
+        conn, calls = db._store.conn(), []
+
+        class Between:
+            def execute(self, sql, args):
+                calls.append(sql)
+                if len(calls) == 2:
+                    kv.append("l", [2])
+                return conn.execute(sql, args)
+
+        rows = sqlite_kv.items(Between(), "app", "a", "", None, None)
+        assert len(calls) == 2
+        assert [(r[0], r[3], r[4]) for r in rows] == [("l", 2, "1,2"), ("m", 1, None)]
+        calls.clear()
+        assert [(r[0], r[3], r[4]) for r in sqlite_kv.items(conn, "app", "a", "", None, None)] \
+            == [("l", 2, "1,2"), ("m", 1, None)]
+
+
 def test_clear_deletes_every_key_of_the_scope(db):
     """clear: every key of the scope in one transaction, a delete change each; versions
     continue above the cleared ones; other scopes keep theirs."""
