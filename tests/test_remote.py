@@ -121,7 +121,8 @@ def db(db_path):
 def test_the_fixture_is_remote(db):
     assert db.path.startswith("http://127.0.0.1:") and db.durability == "server"
     assert db.check() == [] and db.info()["schema_version"] == agentstate.backends.sqlite.schema.SCHEMA_VERSION  # admins ask the server
-    for local_only in (lambda: db.backup("x.db"), db.vacuum, lambda: db.tokens.create("x")):
+    for local_only in (lambda: db.backup("x.db"), db.vacuum, lambda: db.tokens.create("x"),
+                       db.tokens.create_first_admin):
         with pytest.raises(agentstate.UsageError):
             local_only()
 
