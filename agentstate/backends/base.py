@@ -302,8 +302,9 @@ class Ops(Protocol):
     def update_turn(self, kind: str, sid: str, key: str) -> AbstractContextManager[Any]:
         """Held around a whole ``update()``: this client's threads take turns on a key."""
         ...
-    def apply_batch(self, ops: list[Batched], call: Callable[..., Any]) -> list[Any]:
-        """The writes of a ``batch()``, all or none; each one's result."""
+    def apply_batch(self, ops: list[Batched]) -> list[Any]:
+        """The writes of a ``batch()``, all or none; each one's result (an append's as
+        ``Appended``)."""
         ...
     def fenced(self, turn_id: str, owner: str | None = None) -> Ops:
         """The same operations, every write of which lands only while the turn
@@ -502,6 +503,7 @@ class KVRepo(Protocol):
     def items(self, c: Conn, kind: str, sid: str, prefix: str, after: str | None,
               limit: int | None) -> list[Row]: ...
     def clear(self, c: Conn, kind: str, sid: str) -> int: ...
+    def write_many(self, c: Conn, ops: list[Batched]) -> list[Any]: ...
 
 
 class RunsRepo(Protocol):

@@ -87,10 +87,12 @@ class LocalOps:
         outside any lock, and a retry takes the write lock)."""
         return _NO_TURN
 
-    def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]],
-                    call: Callable[..., Any]) -> list[Any]:
-        with self.store.write():
-            return [call(*op) for op in ops]
+    def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
+                    ) -> list[Any]:
+        from .._scope import Appended
+
+        results = self._write(self.kv.write_many, ops)  # one write (PostgreSQL: one round trip)
+        return [Appended(*r) if op[0] == "append" else r for op, r in zip(ops, results)]
 
     def fenced(self, turn_id: str, owner: str | None = None) -> LocalOps:
         """These operations with every write fenced by ``turn_id`` (SPEC §14): the check

@@ -14,7 +14,7 @@ import contextlib
 import copy
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -157,8 +157,7 @@ class RemoteOps:
         """One update() of a key at a time among this client's threads (``_turns``)."""
         return self._turns.turn((kind, sid, key))
 
-    def apply_batch(self, ops: list[Batched],
-                    call: Callable[..., Any]) -> list[Any]:
+    def apply_batch(self, ops: list[Batched]) -> list[Any]:
         """One POST /v1/batch; each op's value comes validated and encoded (``_batch``) and
         its JSON text is spliced in as is, as for a single write."""
         from .._scope import Appended

@@ -9,10 +9,10 @@ for good by the first writer that meets it, as on SQLite.
 Inside a write transaction (``db.transaction()``, an ``update()`` retry) a
 read of a key locks it until the transaction ends: on SQLite a transaction
 holds the file's write lock, so what it read cannot change under it; here
-the keys it read cannot. A key with a row has its row locked (FOR UPDATE);
-a key it finds absent has its key lock taken (``kv_read_lock`` in
-``schema_postgres.sql``) and is read again, which every writer that would
-create the key waits for.
+the keys it read cannot. Each key is locked before it is read
+(``kv_read_lock`` in ``schema_postgres.sql``: its row, or, when it has no
+live row, its key lock, which every writer that would create the key waits
+for), the lock and the read in one round trip.
 
 "Live" is judged by the read's own time (statement_timestamp()), not by its
 transaction's start: a key that expired during a long block is absent in it.
@@ -23,12 +23,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import KEEP
-from .statements import TXN, Conn
+from .statements import TXN, Conn, inline
 
 Row = tuple[Any, ...]
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
 _LIVE = "(expires_at IS NULL OR expires_at > statement_timestamp())"
 _READ_LOCK = "SELECT kv_read_lock(%s, %s, %s)"
+_READ_LOCKS = "SELECT count(kv_read_lock(%s, %s, k)) FROM unnest(%s::text[]) AS k"  # in array order
 
 
 def _lock(c: Conn, of: str = "") -> str:
@@ -37,15 +38,17 @@ def _lock(c: Conn, of: str = "") -> str:
 
 
 def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> list[Row]:
-    """The rows of one read of a key. Inside a write transaction, a key found stays
-    locked (FOR UPDATE); one found absent gets its key lock (kv_read_lock) and is read
-    again, in a new snapshot, since it may have been created meanwhile. (Two more
-    round trips, for an absent key only.)"""
-    rows = c.execute(sql, params).fetchall()
-    if rows or c.mode is not TXN:
-        return rows
-    c.execute(_READ_LOCK, (kind, sid, key))
-    return c.execute(sql, params).fetchall()
+    """The rows of one read of a key. Inside a write transaction the key is locked
+    first (kv_read_lock: its row, or its key lock when it has no live row) and then
+    read, in a snapshot taken after the lock's waits: what it read stays true until
+    the transaction ends. Both statements go in one round trip."""
+    if c.mode is not TXN:
+        return c.execute(sql, params).fetchall()
+    lock = inline(_READ_LOCK, (kind, sid, key))
+    if lock is None:
+        c.execute(_READ_LOCK, (kind, sid, key))
+        return c.execute(sql, params).fetchall()
+    return c.execute_after(lock, sql, params).fetchall()
 
 
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
@@ -65,31 +68,74 @@ def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     return type_, data if type_ == "bytes" else text, version, items
 
 
+_PUT = "SELECT kv_put(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_DELETE = "SELECT kv_delete(%s, %s, %s, %s)"
+_APPEND = "SELECT o_length, o_version FROM kv_append(%s, %s, %s, %s, %s, %s)"
+
+
+def _put_args(kind: str, sid: str, key: str, type_: str, value: Any, size: int,
+              items: list[str] | None, if_version: int | None, ttl: Any = None) -> tuple[Any, ...]:
+    keep = ttl == KEEP
+    return (kind, sid, key, type_, None if type_ == "bytes" else value,
+            value if type_ == "bytes" else None, size, items, if_version,
+            None if keep else ttl, keep)
+
+
+def _append_args(kind: str, sid: str, key: str, items: list[str], items_size: int,
+                 ttl: Any = KEEP) -> tuple[Any, ...]:
+    return (kind, sid, key, items, items_size, None if ttl == KEEP else ttl)
+
+
 def put(c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: int,
         items: list[str] | None, if_version: int | None, ttl: Any = None) -> int:
     """Write a value (``items`` for a list); return the new version.
 
     ``ttl``: seconds from now (the server's clock), None (never), or KEEP.
     """
-    keep = ttl == KEEP
-    return c.execute(
-        "SELECT kv_put(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (kind, sid, key, type_, None if type_ == "bytes" else value,
-         value if type_ == "bytes" else None, size, items, if_version,
-         None if keep else ttl, keep)).fetchone()[0]
+    return c.execute(_PUT, _put_args(kind, sid, key, type_, value, size, items, if_version,
+                                     ttl)).fetchone()[0]
 
 
 def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
     """Remove a key (and a list's items), remembering its version; whether it existed."""
-    return c.execute("SELECT kv_delete(%s, %s, %s, %s)", (kind, sid, key, if_version)).fetchone()[0]
+    return c.execute(_DELETE, (kind, sid, key, if_version)).fetchone()[0]
 
 
 def append(c: Conn, kind: str, sid: str, key: str, items: list[str], items_size: int,
            ttl: Any = KEEP) -> tuple[int, int]:
     """Add items at the end of a list (created if absent); return (length, version)."""
-    return c.execute(
-        "SELECT o_length, o_version FROM kv_append(%s, %s, %s, %s, %s, %s)",
-        (kind, sid, key, items, items_size, None if ttl == KEEP else ttl)).fetchone()
+    return c.execute(_APPEND, _append_args(kind, sid, key, items, items_size, ttl)).fetchone()
+
+
+# A batch's writes: (statement, its arguments, its result from the cursor) by op.
+_BATCHED: dict[str, tuple[str, Any, Any]] = {
+    "put": (_PUT, _put_args, lambda cur: cur.fetchone()[0]),
+    "delete": (_DELETE, lambda kind, sid, key, if_version: (kind, sid, key, if_version),
+               lambda cur: cur.fetchone()[0]),
+    "append": (_APPEND, _append_args, lambda cur: cur.fetchone()),
+}
+
+
+def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
+               ) -> list[Any]:
+    """A batch's writes (op, kind, sid, key, args, kwargs: put, delete, append), in
+    order, as one transaction; each one's result. In one round trip (with the BEGIN
+    and the COMMIT when the batch is a write of its own): the functions run one after
+    another on the server, and the first refusal stops the rest and undoes them."""
+    calls = [(sql, make(kind, sid, key, *args, **kwargs), read)
+             for (sql, make, read), (_op, kind, sid, key, args, kwargs)
+             in ((_BATCHED[op[0]], op) for op in ops)]
+    texts = [inline(sql, params) for sql, params, _read in calls]
+    if None in texts:  # a parameter not written as a literal: a statement at a time
+        return [read(c.execute(sql, params)) for sql, params, read in calls]
+    out: list[Any] = []
+    if texts:
+        cur = c.execute_all(texts)  # type: ignore[arg-type]
+        for _sql, _params, read in calls:
+            if out:
+                cur.nextset()
+            out.append(read(cur))
+    return out
 
 
 def pop(c: Conn, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]:
@@ -180,14 +226,16 @@ def get_many(c: Conn, kind: str, sid: str, keys: list[str]) -> list[Row]:
     one statement, ascending. Inside a write transaction they lock as ``get`` does: the
     rows found, and the key lock of each key found absent (which is then read again)."""
     sql = _MANY.format(where="key = ANY(%(keys)s)", limit=_lock(c, " OF kv"))
-    rows = c.execute(sql, {"kind": kind, "sid": sid, "keys": keys}).fetchall()
-    if c.mode is TXN:
-        absent = sorted(set(keys) - {r[0] for r in rows})
-        for key in absent:
-            c.execute(_READ_LOCK, (kind, sid, key))
-        if absent:
-            rows = sorted(rows + c.execute(sql, {"kind": kind, "sid": sid, "keys": absent}).fetchall())
-    return _rows(rows)
+    params = {"kind": kind, "sid": sid, "keys": keys}
+    if c.mode is not TXN:
+        return _rows(c.execute(sql, params).fetchall())
+    # Locked first, in key order (two transactions locking the same keys wait, not
+    # deadlock), then read: as _read, one round trip for them all.
+    lock = inline(_READ_LOCKS, (kind, sid, sorted(set(keys))))
+    if lock is None:
+        c.execute(_READ_LOCKS, (kind, sid, sorted(set(keys))))
+        return _rows(c.execute(sql, params).fetchall())
+    return _rows(c.execute_after(lock, sql, params).fetchall())
 
 
 def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,

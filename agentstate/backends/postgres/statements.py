@@ -169,6 +169,30 @@ class Conn:
                     raise
         raise AssertionError("unreachable")
 
+    def execute_all(self, texts: list[str]) -> Any:
+        """Statements with their parameters written in (``inline``), in order, in one
+        round trip; the cursor at the first one's result (``nextset()`` for the next).
+        A write of its own sends them as one transaction, with its BEGIN and COMMIT."""
+        if self.mode is not AUTO:
+            return self._together(self._take_pending(), "; ".join(texts), None)
+        if len(texts) == 1:
+            return self.execute(texts[0])
+        if self.ran:
+            raise AssertionError("execute_all() after a statement already committed on its own")
+        self.ran = True
+        head = [*BEGIN_WRITE, *([] if self.fence is None else [self.fence])]
+        text = "; ".join([*head, *texts, f"SELECT feed_flush(); COMMIT; {AFTER_COMMIT}"])
+        for attempt in range(RETRIES):
+            try:
+                cur = self._send(text)
+                break
+            except _RETRY:
+                if attempt == RETRIES - 1:
+                    raise
+        for _ in head:
+            cur.nextset()
+        return cur
+
     def _lone(self, query: Any, params: Any, text: str | None) -> Any:
         """One statement in a transaction of its own, then the wake-up (feed_notify)."""
         raw = self.raw
@@ -180,9 +204,20 @@ class Conn:
                 pass  # committed: the watchers look again within RECHECK seconds
             return cur
         try:
-            cur = raw.execute(text, prepare=False)
+            cur = self._send(text)
         except UnicodeEncodeError:  # not UTF-8 (lone surrogates): let psycopg say so
             return self._lone(query, params, None)
+        cur.nextset()  # past BEGIN: the statement's rows
+        if self.fence is not None:
+            cur.nextset()  # past the fence's check
+        return cur
+
+    def _send(self, text: str) -> Any:
+        """``BEGIN; ...; COMMIT; ...`` in one round trip. A refusal before the COMMIT is
+        rolled back; an error at or after it leaves the outcome unknown (said on it)."""
+        raw = self.raw
+        try:
+            return raw.execute(text, prepare=False)
         except psycopg.Error as e:
             status = raw.info.transaction_status
             if status == psycopg.pq.TransactionStatus.INERROR:  # refused before its COMMIT
@@ -191,21 +226,47 @@ class Conn:
                 # Refused at or after its COMMIT: whether it committed is not known here.
                 e.agentstate_outcome_unknown = True  # type: ignore[attr-defined]
             raise
-        cur.nextset()  # past BEGIN: the statement's rows
-        if self.fence is not None:
-            cur.nextset()  # past the fence's check
-        return cur
 
     def _with_pending(self, query: Any, params: Any) -> Any:
+        """What waits in ``pending``, then the statement: one round trip when its
+        parameters can be written in (a simple query of several statements)."""
+        return self._together(self._take_pending(), query, params)
+
+    def _take_pending(self) -> list[str]:
         pending, self.pending = self.pending, []
-        self.flushes += 1
+        if pending:
+            self.flushes += 1
         for p in pending:  # open: a BEGIN without its COMMIT
             if p.startswith("BEGIN"):
                 self.open = True
             elif p == "COMMIT":
                 self.open = False
-        self.raw.execute("; ".join(pending))
+        return pending
+
+    def _together(self, before: list[str], query: Any, params: Any) -> Any:
+        """Statements without results, then ``query``'s cursor, in one round trip when
+        ``query``'s parameters can be written in, else two. (READ COMMITTED gives each
+        statement of a simple query a snapshot of its own, taken when it starts.)"""
+        text = inline(query, params)
+        if text is not None:
+            try:
+                cur = self.raw.execute("; ".join([*before, text]), prepare=False)
+            except UnicodeEncodeError:  # not UTF-8 (lone surrogates): let psycopg say so
+                pass
+            else:
+                for _ in before:
+                    cur.nextset()
+                return cur
+        if before:
+            self.raw.execute("; ".join(before))
         return self.raw.execute(query, params)
+
+    def execute_after(self, first: str, query: Any, params: Any = None) -> Any:
+        """``first`` (a statement without parameters or results, e.g. a lock), then
+        ``query``: in one round trip with anything pending (a write transaction only)."""
+        if self.mode is not TXN:
+            raise AssertionError("execute_after() outside a write transaction")
+        return self._together([*self._take_pending(), first], query, params)
 
     def begin(self) -> None:
         """Make the statements from here on one transaction (a no-op if they are)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -159,6 +160,14 @@ def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
     ``prefix``, after ``after``, ascending: ``keys()`` with the values, in one statement."""
     lo, op, hi = _range(prefix, after)
     return _page(_BY_RANGE[op], c, (kind, sid, lo, time.time(), hi, -1 if limit is None else limit))
+
+
+def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
+               ) -> list[Any]:
+    """A batch's writes (op, kind, sid, key, args, kwargs: put, delete, append), in
+    order, inside the caller's transaction; each one's result."""
+    calls: dict[str, Callable[..., Any]] = {"put": put, "delete": delete, "append": append}
+    return [calls[op](c, kind, sid, key, *args, **kwargs) for op, kind, sid, key, args, kwargs in ops]
 
 
 def clear(c: Conn, kind: str, sid: str) -> int:

@@ -1,0 +1,139 @@
+"""Round trips to PostgreSQL (issue 31): what the reads and batches of a transaction send.
+
+A round trip to a server costs more than most statements (~0.1-0.3 ms on a local
+socket, more across a network), so these counts are a promise the adapters rely on:
+a read inside a write transaction is one round trip with its lock, and a batch of
+writes is one round trip (with its BEGIN and COMMIT when it is a write of its own).
+Counted as the queries this thread hands psycopg, not timed.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+import agentstate
+
+from .test_postgres_defects import WAIT, _other_writer, started, wait_blocked
+
+
+@pytest.fixture
+def db(pg_url):
+    d = agentstate.open(pg_url, busy_timeout=WAIT)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def admin(pg_admin_url):
+    with psycopg.connect(pg_admin_url, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The queries this thread sends from here on."""
+    queries: list[str] = []
+    me = threading.get_ident()
+    real = psycopg.Connection.execute
+
+    def execute(self, query, *args, **kwargs):
+        if threading.get_ident() == me:
+            queries.append(str(query))
+        return real(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    return queries
+
+
+def test_a_read_of_an_absent_key_in_a_block_is_one_round_trip_with_its_lock(db, sent):
+    s = db.scope("app", "a")
+    s.put("there", 1)
+    sent.clear()
+    with db.transaction():
+        assert s.get("absent") is None
+        assert len(sent) == 1  # BEGIN, the key lock and the read
+        assert s.get("there") == 1
+        assert s.get_many(["there", "absent", "gone"]) == {
+            "there": agentstate.Versioned(1, 1), "absent": agentstate.Versioned(None, 0),
+            "gone": agentstate.Versioned(None, 0)}
+        assert len(sent) == 3
+    assert len(sent) == 4  # and the COMMIT
+
+
+def test_a_batch_is_one_round_trip(db, sent):
+    s = db.scope("app", "a")
+    s.put("old", 1)
+    sent.clear()
+    with db.batch() as b:
+        w = b.scope("app", "a")
+        w.put("x", {"v": 1})
+        w.put("y", "it's \\ é; -- not SQL")
+        w.append("l", [1, 2])
+        w.delete("old")
+        w.put("z", 3, if_version=0)
+    assert len(sent) == 1  # BEGIN, the five writes, COMMIT and the wake-up
+    assert b.results == [1, 1, agentstate.Appended(2, 1), True, 1]
+    assert (s.get("x"), s.get("y"), s.get("l"), s.get("old"), s.get("z")) == (
+        {"v": 1}, "it's \\ é; -- not SQL", [1, 2], None, 3)
+    ops = [(c.op, c.key) for c in db.changes(since=0)]
+    assert ops[-5:] == [("put", "x"), ("put", "y"), ("append", "l"), ("delete", "old"), ("put", "z")]
+
+
+def test_a_batch_inside_a_block_is_one_round_trip(db, sent):
+    s = db.scope("app", "a")
+    with db.transaction():
+        s.get("a")
+        before = len(sent)
+        with db.batch() as b:
+            for i in range(10):
+                b.scope("app", "a").put(f"k{i}", i)
+        assert len(sent) == before + 1
+        assert s.get("k9") == 9
+    assert [s.get(f"k{i}") for i in range(10)] == list(range(10))
+
+
+def test_a_refused_batch_writes_nothing_and_the_connection_goes_on(db):
+    s = db.scope("app", "a")
+    s.put("taken", 1)
+    with pytest.raises(agentstate.VersionConflict):
+        with db.batch() as b:
+            w = b.scope("app", "a")
+            w.put("first", 1)
+            w.put("taken", 2, if_version=0)
+            w.put("after", 3)
+    assert (s.get("first"), s.get("taken"), s.get("after")) == (None, 1, None)
+    with db.transaction():  # a refusal inside a block undoes the batch, not the block
+        s.put("kept", 1)
+        with pytest.raises(agentstate.VersionConflict):
+            with db.batch() as b:
+                b.scope("app", "a").put("first", 1)
+                b.scope("app", "a").put("taken", 2, if_version=0)
+        s.put("kept2", 2)
+    assert (s.get("kept"), s.get("kept2"), s.get("first")) == (1, 2, None)
+
+
+@pytest.mark.parametrize("other, final", [("block", 2), ("update", 2), ("put", 100)])
+def test_a_block_that_read_absent_keys_with_get_many_loses_no_update(db, admin, other, final):
+    """As test_postgres_defects' test for get: the keys a get_many found absent stay
+    absent to others until the block ends (their lock is taken with the read)."""
+    s = db.scope("app", "a")
+    read, release = threading.Event(), threading.Event()
+
+    def block():
+        with db.transaction():
+            n = s.get_many(["other", "ctr"])["ctr"].value or 0
+            read.set()
+            assert release.wait(WAIT)
+            s.put("ctr", n + 1)
+
+    first = started(block)
+    assert read.wait(WAIT)
+    second = started(_other_writer, db, other)
+    wait_blocked(admin, 1, second)
+    release.set()
+    first.join_ok()
+    second.join_ok()
+    assert s.get("ctr") == final
