@@ -51,6 +51,7 @@ from langgraph.store.base import (
 )
 
 import agentstate
+from agentstate._batch import BatchScope
 from agentstate._twins import async_twin
 
 from ._common import PAGE, conn_string, digest, esc, get_json, keys, token, unesc
@@ -137,12 +138,21 @@ class AgentStateStore(BaseStore):
             else:
                 raise ValueError(f"unknown store operation {op!r}")
         if puts or refresh:
+            emptied: set[str] = set()
             with self.db.transaction():
-                for op in puts.values():
-                    self._put(op, now)
-                    refresh.pop(self._item_key(tuple(op.namespace), op.key), None)
-                for key, item in refresh.items():
-                    self._refresh(key, item, now)
+                # The reads first, each put's in one call; the writes they decide on in
+                # one batch (on PostgreSQL one round trip); then the namespaces that a
+                # delete may have emptied are looked at, after the deletes.
+                with self.db.batch() as b:
+                    w = b.scope("app", "langgraph.store")
+                    added: set[str] = set()
+                    for op in puts.values():
+                        self._put(op, now, w, added, emptied)
+                        refresh.pop(self._item_key(tuple(op.namespace), op.key), None)
+                    for key, item in refresh.items():
+                        self._refresh(key, item, now, w)
+                for n in sorted(emptied):
+                    self._drop_empty_namespace(n)
         return results
 
     abatch = async_twin(batch)
@@ -262,30 +272,32 @@ class AgentStateStore(BaseStore):
 
     # -- writes (inside the batch's transaction) -------------------------------------------
 
-    def _put(self, op: PutOp, now: float) -> None:
+    def _put(self, op: PutOp, now: float, w: BatchScope, added: set[str], emptied: set[str]) -> None:
+        """Read the item and its namespace's entry (one call); add the writes to ``w``."""
         ns = tuple(op.namespace)
         n = self._ns_token(ns)
         key = f"i.{n}:{token(op.key, 60)}"
-        old = get_json(self._scope, key)
+        both = self._scope.get_many([key, f"n.{n}"])  # one read (and lock) of the two
+        old = both[key].value
         if old is not None:
-            self._unindex(n, key, old)
+            self._unindex(n, key, old, w)
         if op.value is None:
             if old is not None:
-                self._scope.delete(key)
-                self._drop_empty_namespace(n)
+                w.delete(key)
+                emptied.add(n)
             return
         stamp = f"{_FAR - int(now * 1e6):017d}"
         created = old["created_at"] if _live(old, now) else now
         expires = None if op.ttl is None else now + op.ttl * 60
         item = {"ns": list(ns), "key": op.key, "value": dict(op.value), "created_at": created,
                 "updated_at": now, "ttl": op.ttl, "expires_at": expires, "r": stamp}
-        self._scope.put(key, item)
-        self._scope.put(f"u.{n}:{stamp}.{key[len(n) + 3:]}", 0)
+        w.put(key, item)
+        w.put(f"u.{n}:{stamp}.{key[len(n) + 3:]}", 0)
         if expires is not None:
-            self._scope.put(f"x.{_stamp(expires)}.{key[2:]}", 0)
-        if old is None:
-            if self._scope.get(f"n.{n}") is None:
-                self._scope.put(f"n.{n}", {"ns": list(ns)})
+            w.put(f"x.{_stamp(expires)}.{key[2:]}", 0)
+        if old is None and both[f"n.{n}"].value is None and n not in added:
+            w.put(f"n.{n}", {"ns": list(ns)})
+            added.add(n)
 
     def _drop_empty_namespace(self, n: str) -> None:
         """Remove the namespace's index entry if it has no item left. Its entry is read
@@ -296,22 +308,23 @@ class AgentStateStore(BaseStore):
         if not self._scope.list(f"i.{n}:", limit=1):
             self._scope.delete(f"n.{n}")
 
-    def _unindex(self, n: str, key: str, item: dict[str, Any]) -> None:
+    def _unindex(self, n: str, key: str, item: dict[str, Any],
+                 w: agentstate.Scope | BatchScope) -> None:
         """Remove an item's index keys (its recency and expiry)."""
-        self._scope.delete(f"u.{n}:{item['r']}.{key[len(n) + 3:]}")
+        w.delete(f"u.{n}:{item['r']}.{key[len(n) + 3:]}")
         if item["expires_at"] is not None:
-            self._scope.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
+            w.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
 
-    def _refresh(self, key: str, seen: dict[str, Any], now: float) -> None:
+    def _refresh(self, key: str, seen: dict[str, Any], now: float, w: BatchScope) -> None:
         """Push an item's expiry ``ttl`` minutes past now, if it is still the one read."""
         item = get_json(self._scope, key)
         if item is None or item["r"] != seen["r"] or not _live(item, now):
             return
         if item["expires_at"] is not None:
-            self._scope.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
+            w.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
         item["expires_at"] = now + item["ttl"] * 60
-        self._scope.put(key, item)
-        self._scope.put(f"x.{_stamp(item['expires_at'])}.{key[2:]}", 0)
+        w.put(key, item)
+        w.put(f"x.{_stamp(item['expires_at'])}.{key[2:]}", 0)
 
     # -- expiry ------------------------------------------------------------------------------
 
@@ -341,7 +354,7 @@ class AgentStateStore(BaseStore):
                     if item is not None and item["expires_at"] is not None \
                             and _stamp(item["expires_at"]) == x[2:19]:
                         n = key[2:key.index(":")]
-                        self._unindex(n, key, item)
+                        self._unindex(n, key, item, self._scope)
                         self._scope.delete(key)
                         self._drop_empty_namespace(n)
                         removed += 1
