@@ -13,7 +13,8 @@ machine weather: on a shared 2-core machine that is what makes a difference of
 a microsecond or two measurable at all. Operations: put (a small JSON object,
 100 keys overwritten in turn), update (one counter), append (one item to one
 of 10 lists), history write (an entry and a snapshot on one run), get (one
-of the 100 keys); then the
+of the 100 keys), list and items (``--ops``: up to 10 keys by prefix, without
+and with their values; no stubbed twin); then the
 same four with SQLite stubbed out (``_Stub``: every statement returns at
 once), which leaves agentstate's Python alone. Figures: CPU microseconds per
 call, the least over the rounds' batches (the batch other work disturbed
@@ -121,6 +122,8 @@ def operations(pkg: Any, root: str) -> dict[str, Callable[[int], Any]]:
         "append": lambda i: kv.append(f"l{i % 10}", [VALUE]),
         "history": history,
         "get": lambda i: kv.get(f"k{i % 100}"),
+        "list": lambda i: kv.list(f"k{i % 10}", limit=10),
+        "items": lambda i: kv.items(f"k{i % 10}", limit=10),
         "python get": lambda i: skv.get("k"),
         "python put": lambda i: skv.put("k", VALUE),
         "python update": lambda i: skv.update("n", _inc, default=0),
@@ -166,7 +169,7 @@ def compare(base: str, head: str | None, rounds: int, calls: int, ops: list[str]
             fns[side] = operations(pkg, os.path.join(tmp, "db-" + side))
         os.makedirs(os.path.join(tmp, "db-raw"))
         raw = raw_operations(os.path.join(tmp, "db-raw"))
-        names = [n for op in ops for n in (op, "python " + op)]
+        names = [n for op in ops for n in (op, "python " + op) if n in fns["base"]]
         for side in fns:  # warm up
             for n in names:
                 for i in range(200):

@@ -180,6 +180,13 @@ class Store(GroupCommit):
             wait_up_to(c, busy_ms)  # this attempt's share; its own once it is ready
             c.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             c.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+            # A plan that never depends on bound values. Without this, SQLite (built
+            # with STAT4, as apsw's is) prepares a statement again whenever a value
+            # bound to a LIMIT or a range with ORDER BY changes: a range read of a few
+            # keys took ~13 us instead of ~6 (benchmarks/PYTHON-COST.md). No statement
+            # of the store has a plan that differs with it (its tests' statements,
+            # checked with EXPLAIN QUERY PLAN).
+            c.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
             if c.readonly("main"):
                 raise StorageError(f"{self.path} is read-only for this process (file permissions)")
             version = schema.check_header(c, self.path)
