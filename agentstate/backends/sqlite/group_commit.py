@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import apsw
 
-from .busy import wait_up_to
+from .busy import Releases, wait_up_to
 from .errors import outcome_unknown, translate
 from .transactions import Write, roll_back
 
@@ -44,6 +44,7 @@ class GroupCommit:
     _writes: int
     _txn: contextvars.ContextVar[list[bool] | None]
     _closed: bool
+    _releases: Releases
     busy_ms: int
     group_commit: bool
     housekeep_every: int
@@ -151,6 +152,7 @@ class GroupCommit:
                 raise
             return result
         finally:
+            self._releases.ended()
             if self._closed:
                 self.drop_local()
 
@@ -179,6 +181,7 @@ class GroupCommit:
             _fail([item for item in group if item.error is None], e, commit=True)
             raise
         finally:
+            self._releases.ended()
             with self._glock:
                 for item in group:
                     item.done = True
@@ -234,7 +237,7 @@ class GroupCommit:
             short = wait * 1000 < self.busy_ms
             try:
                 if short:
-                    wait_up_to(c, max(0, int(wait * 1000)))
+                    wait_up_to(c, max(0, int(wait * 1000)), self._releases)
                 c.execute("BEGIN IMMEDIATE")
                 return True
             except apsw.BusyError as e:
@@ -261,7 +264,7 @@ class GroupCommit:
             finally:
                 if short:
                     try:
-                        wait_up_to(c, self.busy_ms)
+                        wait_up_to(c, self.busy_ms, self._releases)
                     except apsw.Error:  # closed meanwhile: the next call says Closed
                         pass
 

@@ -27,7 +27,7 @@ import apsw
 from ..._encoding import fs_path
 from ...errors import Busy, Closed, StorageError
 from ..base import check_owner
-from .busy import wait_up_to
+from .busy import Releases, releases, wait_up_to
 from .errors import translate
 from . import schema
 from .group_commit import GroupCommit, _Pending
@@ -98,6 +98,7 @@ class Store(GroupCommit):
         self._conns: list[apsw.Connection] = []
         self._pid = os.getpid()
         self._closed = False
+        self._releases: Releases = releases(self.path)  # wakes this process's lock waiters
         # Called before each housekeep_every-th outermost COMMIT, inside the
         # transaction: the bounded purge of old feed rows and expired keys.
         self.housekeeping: Callable[[apsw.Connection], Any] | None = None
@@ -177,7 +178,7 @@ class Store(GroupCommit):
         except apsw.Error as e:
             raise StorageError(f"cannot open {self.path}: {e}") from None
         try:
-            wait_up_to(c, busy_ms)  # this attempt's share; its own once it is ready
+            wait_up_to(c, busy_ms, self._releases)  # this attempt's share; its own once ready
             c.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
             c.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
             # A plan that never depends on bound values. Without this, SQLite (built
@@ -206,7 +207,7 @@ class Store(GroupCommit):
             c.pragma("temp_store", "MEMORY")
             if version != schema.SCHEMA_VERSION:
                 schema.ensure_schema(c, self.path)
-            wait_up_to(c, self.busy_ms)
+            wait_up_to(c, self.busy_ms, self._releases)
         except BaseException as e:
             c.close(True)
             if isinstance(e, apsw.Error):

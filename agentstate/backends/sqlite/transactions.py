@@ -91,8 +91,10 @@ class Write:
                         raise
             self._end(c, depth, exc)
         finally:
-            if not depth and store._closed:
-                store.drop_local()
+            if not depth:
+                store._releases.ended()
+                if store._closed:
+                    store.drop_local()
 
     @staticmethod
     def _end(c: apsw.Connection, depth: int, exc: BaseException | None) -> None:
