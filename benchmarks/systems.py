@@ -237,6 +237,7 @@ class ApswHandle(Handle):
 
         c = apsw.Connection(os.path.join(path, "raw.db"))
         c.set_busy_timeout(5000)
+        c.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)  # plans made once, as agentstate's
         c.pragma("journal_mode", "wal")
         c.pragma("synchronous", SYNC[durability])
         if not c.execute("SELECT 1 FROM sqlite_schema WHERE name = 'entry'").fetchone():
@@ -379,6 +380,7 @@ class ApswSameHandle(Handle):
         agentstate.open(self.file, durability=durability).close()  # the schema
         c = apsw.Connection(self.file, flags=apsw.SQLITE_OPEN_READWRITE)
         c.set_busy_timeout(5000)
+        c.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
         c.pragma("journal_mode", "wal")
         c.pragma("synchronous", SYNC[durability])
         c.pragma("foreign_keys", "ON")

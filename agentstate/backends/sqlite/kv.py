@@ -396,13 +396,14 @@ def keys(
     lo, op, hi = _range(prefix, after)
     return [
         r[0]
-        for r in c.execute(
-            f"""SELECT key FROM kv WHERE kind = :kind AND scope_id = :sid AND key {op} :lo
-                AND key < :hi AND {_LIVE} ORDER BY key LIMIT :limit""",
-            {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "now": time.time(),
-             "limit": -1 if limit is None else limit},
-        )
+        for r in c.execute(_KEYS[op], (kind, sid, lo, time.time(), hi, -1 if limit is None else limit))
     ]
+
+
+# By position, made once: a listing is as hot as a read (an adapter's search runs three).
+_KEYS = {op: f"""SELECT key FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key {op} ?3
+                     AND key < ?5 AND (expires_at IS NULL OR expires_at > ?4) ORDER BY key LIMIT ?6"""
+         for op in (">=", ">")}
 
 
 def _range(prefix: str, after: str | None) -> tuple[str, str, str]:
