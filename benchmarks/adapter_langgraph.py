@@ -303,19 +303,28 @@ READING = """## Reading the figures
   pages of them; `put_writes` is one append; `put` is one transaction (the parent's
   check, the record, new channel bytes). The store's `get` is one read and a search
   one index page and one `get_many` per round of candidates.
-- SQLite reads: LangGraph's `get_tuple` is one indexed SELECT in about 20 µs. Ours is
-  one call too, but the store's range read of one row takes about 12 µs in SQLite on
-  this machine (a point read of the same row: 5 µs; measured with apsw on the
-  statement `scope.items` runs; 18.5 µs before its list-items subquery was left to
-  pages that hold a list), the layers above it about 10 µs, and then the record is
-  JSON where LangGraph's row is msgpack. The async twins run in a worker thread where
+- SQLite reads: LangGraph's `get_tuple` is one indexed SELECT in about 20 µs; ours
+  is one call too, a range read of the store (`scope.items`). That read was
+  prepared again by SQLite on every call (apsw's SQLite has STAT4, and a statement
+  whose plan could depend on a bound LIMIT or range is re-planned when the value
+  changes); with the planner's stability guarantee on, each store connection plans
+  it once (benchmarks/PYTHON-COST.md, round 5), which took `get_tuple` from ~0.3x
+  to ~0.65x here and the store's search of 10 items from ~0.4x to ~0.75x. What is
+  left: the layers above the read (~10 µs), and the record is JSON where
+  LangGraph's row is msgpack. The async twins run in a worker thread where
   AsyncSqliteSaver goes through aiosqlite's queue, and are ahead.
-- Writes: on SQLite a put costs what its fsync costs, on both sides. On PostgreSQL a
-  put is one transaction of several statements, each a round trip (BEGIN, the
-  parent's check, a savepoint and the record, COMMIT), where
-  langgraph-checkpoint-postgres pipelines its statements into one: the store would
-  need a batch of conditional writes applied in one round trip to match it. The
-  store's put on PostgreSQL (an item, its recency key, its namespace) is the same.
+- Writes: on SQLite a put costs what its fsync costs, on both sides. On PostgreSQL
+  the statements of a transaction now share round trips (BEGIN and a savepoint go
+  with the next statement; a read in a transaction sends its lock with it; a
+  `db.batch()` is one round trip): a checkpoint put is three (BEGIN with the
+  parent's check, the record, COMMIT), the store's put three (BEGIN with the item's
+  and namespace's read, its writes as one batch, COMMIT; it was twelve). LangGraph's
+  PostgreSQL saver pipelines its statements into one, and each of our statements is
+  a function that also checks versions and records the change feed (~115 µs of
+  server time for a new key's `kv_put`, measured in a loop on the server): puts
+  are 0.3x-0.4x of it, store puts ~0.2x. Under a graph's threads each round trip
+  also waits for the GIL when it returns, so a statement of ~0.1 ms alone measures
+  1-4 ms inside `invoke`.
 - The store's filtered search decodes each candidate item in Python where LangGraph's
   stores filter with json_extract / jsonb in SQL; a filter that lets few items through
   reads many.
@@ -324,11 +333,11 @@ READING = """## Reading the figures
 - A graph's turn: three node steps, four checkpoints and their writes, a store put
   and a search. With `invoke`, LangGraph writes a step's checkpoint on a background
   thread while the next node runs, so the node's store put and the checkpoint's put
-  are two write transactions of one process at once: agentstate's second one waits
-  in its busy handler, which sleeps 0.25 ms and more between tries (a profile of 20
-  turns: 36-52 sleeps, 46-89 ms, 2-4 ms a turn), where LangGraph's saver and store,
-  two files here, never wait for each other. That, and the noise, is most of the
-  gap, and why `invoke` moves between runs (0.5x-1.2x in three runs of this file).
+  are two write transactions of one process on one file: the second waits for the
+  first's COMMIT. It used to wait in the busy handler's sleeps (~9 ms a turn); now
+  the end of a transaction of the process wakes it (`busy.Releases`), ~5 ms a
+  turn, most of it the first one's fsync, where LangGraph's saver and store, two
+  files here, never wait for each other.
 """.splitlines()
 
 
