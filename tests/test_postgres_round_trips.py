@@ -137,3 +137,25 @@ def test_a_block_that_read_absent_keys_with_get_many_loses_no_update(db, admin, 
     first.join_ok()
     second.join_ok()
     assert s.get("ctr") == final
+
+
+def test_a_fenced_batch_of_several_writes_is_one_round_trip_and_all_or_none(db, sent):
+    """The turn's check goes first in the batch's one round trip: a lapsed turn writes
+    none of the batch (LeaseLost), the running turn all of it."""
+    from .test_fence import taken_over
+
+    s, old, new = taken_over(db)
+    kv = db.scope("session", s.id)
+    sent.clear()
+    with pytest.raises(agentstate.LeaseLost):
+        with db.batch(fence=old) as b:
+            for i in range(3):
+                b.scope("session", s.id).put(f"k{i}", i)
+    assert len(sent) == 2 and sent[1] == "ROLLBACK"  # refused: the batch, then its ROLLBACK
+    assert [kv.get(f"k{i}") for i in range(3)] == [None, None, None]
+    sent.clear()
+    with db.batch(fence=new) as b:
+        for i in range(3):
+            b.scope("session", s.id).put(f"k{i}", i)
+    assert len(sent) == 1
+    assert [kv.get(f"k{i}") for i in range(3)] == [0, 1, 2]
