@@ -3,6 +3,8 @@ when that transaction ends, not after its busy handler's sleep (issue 31)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -61,3 +63,38 @@ def test_each_process_s_files_have_their_own_waiters(tmp_path):
     a = busy.releases(str(tmp_path / "a.db"))
     assert busy.releases(str(tmp_path / "a.db")) is a
     assert busy.releases(str(tmp_path / "b.db")) is not a
+
+
+def test_a_forked_child_waits_on_its_own_releases(tmp_path):
+    """A child forked while a parent thread held the waiters' lock gets its own (found by
+    review: the inherited store kept the parent's, and its first write hung in it)."""
+    db = agentstate.open(str(tmp_path / "a.db"), busy_timeout=WAIT)
+    db.scope("app", "a").put("parent", 1)
+    inherited = db._store._releases
+    inherited.cond.acquire()  # as a parent thread inside ended() or wait() at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit code only
+            code = 4
+            try:
+                own = db._store._releases
+                fresh = own is busy.releases(db._store.path) and own is not inherited
+                db.scope("app", "a").put("child", 1)  # hung in ended() on the copied lock
+                code = 0 if fresh else 3
+            finally:
+                os._exit(code)
+    finally:
+        inherited.cond.release()
+    end = time.monotonic() + WAIT
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the child's write never finished")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert db.scope("app", "a").get("child") == 1
+    db.close()

@@ -14,8 +14,12 @@ the keys it read cannot. Each key is locked before it is read
 live row, its key lock, which every writer that would create the key waits
 for), the lock and the read in one round trip.
 
-"Live" is judged by the read's own time (statement_timestamp()), not by its
-transaction's start: a key that expired during a long block is absent in it.
+"Live" is judged by the read's own time, not by its transaction's start: a key
+that expired during a long block is absent in it. Outside a write transaction
+that is statement_timestamp(); inside one, the clock when the read starts
+(``(SELECT clock_timestamp())``, evaluated once), since the read is sent with its
+lock and statement_timestamp() is the time the two arrived, before any wait for
+the lock: a key created under that lock and expired meanwhile would read as live.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .statements import TXN, Conn, inline
 Row = tuple[Any, ...]
 _KEY = "kind = %(kind)s AND scope_id = %(sid)s AND key = %(key)s"
 _LIVE = "(expires_at IS NULL OR expires_at > statement_timestamp())"
+_LIVE_LOCKED = "(expires_at IS NULL OR expires_at > (SELECT clock_timestamp()))"
 _READ_LOCK = "SELECT kv_read_lock(%s, %s, %s)"
 _READ_LOCKS = "SELECT count(kv_read_lock(%s, %s, k)) FROM unnest(%s::text[]) AS k"  # in array order
 
@@ -35,6 +40,11 @@ _READ_LOCKS = "SELECT count(kv_read_lock(%s, %s, k)) FROM unnest(%s::text[]) AS 
 def _lock(c: Conn, of: str = "") -> str:
     """The locking clause of a read: FOR UPDATE inside a write transaction."""
     return f" FOR UPDATE{of}" if c.mode is TXN else ""
+
+
+def _live(c: Conn) -> str:
+    """The read's test of a live row (see the module docstring)."""
+    return _LIVE_LOCKED if c.mode is TXN else _LIVE
 
 
 def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> list[Row]:
@@ -60,7 +70,7 @@ def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
                      (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
                       WHERE list_id = kv.list_id)
                    END
-            FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}""",
+            FROM kv WHERE {_KEY} AND {_live(c)}{_lock(c)}""",
         {"kind": kind, "sid": sid, "key": key})
     if not rows:
         return None
@@ -126,7 +136,8 @@ def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dic
              for (sql, make, read), (_op, kind, sid, key, args, kwargs)
              in ((_BATCHED[op[0]], op) for op in ops)]
     texts = [inline(sql, params) for sql, params, _read in calls]
-    if None in texts:  # a parameter not written as a literal: a statement at a time
+    if None in texts:  # a parameter not written as a literal: a statement at a time,
+        c.begin()  # in one transaction all the same
         return [read(c.execute(sql, params)) for sql, params, read in calls]
     out: list[Any] = []
     if texts:
@@ -154,7 +165,7 @@ def expires_at(c: Conn, kind: str, sid: str, key: str) -> tuple[float | None] | 
     """(expires_at as unix time,) of a live key, or None when absent."""
     rows = _read(
         c, kind, sid, key,
-        f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
+        f"SELECT extract(epoch FROM expires_at)::float8 FROM kv WHERE {_KEY} AND {_live(c)}{_lock(c)}",
         {"kind": kind, "sid": sid, "key": key})
     return rows[0] if rows else None
 
@@ -170,7 +181,7 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
              AND i.idx < (CASE WHEN %(stop)s::bigint IS NULL THEN k.length
                                WHEN %(stop)s < 0 THEN k.length + %(stop)s ELSE %(stop)s END)
            WHERE k.kind = %(kind)s AND k.scope_id = %(sid)s AND k.key = %(key)s
-             AND (k.expires_at IS NULL OR k.expires_at > statement_timestamp())
+             AND {_live(c)}
            ORDER BY i.idx{_lock(c, " OF k")}""",
         {"kind": kind, "sid": sid, "key": key, "start": start, "stop": stop})
     if not rows:
@@ -182,7 +193,7 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
 
 def length(c: Conn, kind: str, sid: str, key: str) -> int | None:
     """Items in a list, 0 when absent, None when the value is not a list."""
-    rows = _read(c, kind, sid, key, f"SELECT type, length FROM kv WHERE {_KEY} AND {_LIVE}{_lock(c)}",
+    rows = _read(c, kind, sid, key, f"SELECT type, length FROM kv WHERE {_KEY} AND {_live(c)}{_lock(c)}",
                  {"kind": kind, "sid": sid, "key": key})
     if not rows:
         return 0
@@ -207,13 +218,13 @@ def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
         {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "limit": limit}).fetchall()]
 
 
-_MANY = f"""SELECT key, type, value::text, data, version,
+_MANY = """SELECT key, type, value::text, data, version,
                    CASE WHEN type = 'list' THEN
                      (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
                       WHERE list_id = kv.list_id)
                    END
-            FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND {{where}} AND {_LIVE}
-            ORDER BY key {{limit}}"""
+            FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND {where} AND {live}
+            ORDER BY key {limit}"""
 
 
 def _rows(rows: list[Row]) -> list[Row]:
@@ -225,7 +236,7 @@ def get_many(c: Conn, kind: str, sid: str, keys: list[str]) -> list[Row]:
     """(key, type, value, version, joined list items) of the live keys among ``keys``, in
     one statement, ascending. Inside a write transaction they lock as ``get`` does: the
     rows found, and the key lock of each key found absent (which is then read again)."""
-    sql = _MANY.format(where="key = ANY(%(keys)s)", limit=_lock(c, " OF kv"))
+    sql = _MANY.format(where="key = ANY(%(keys)s)", live=_live(c), limit=_lock(c, " OF kv"))
     params = {"kind": kind, "sid": sid, "keys": keys}
     if c.mode is not TXN:
         return _rows(c.execute(sql, params).fetchall())
@@ -244,7 +255,7 @@ def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
     ``prefix``, after ``after``, ascending: ``keys()`` with the values, in one statement."""
     lo, op, hi = _range(prefix, after)
     return _rows(c.execute(
-        _MANY.format(where=f"key {op} %(lo)s AND key < %(hi)s",
+        _MANY.format(where=f"key {op} %(lo)s AND key < %(hi)s", live=_live(c),
                      limit="LIMIT %(limit)s" + _lock(c, " OF kv")),
         {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "limit": limit}).fetchall())
 

@@ -272,6 +272,7 @@ class Store(GroupCommit):
         self._lock = threading.Lock()  # the parent's may be held by a thread not copied
         self._glock = threading.Lock()
         self._queue, self._leading = [], False  # the parent's waiting threads are not copied
+        self._releases = releases(self.path)  # the child's own (busy.py forgot the parent's)
         self._local = threading.local()
         self._pid = pid
         for c in conns:
