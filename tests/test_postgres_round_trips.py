@@ -211,3 +211,20 @@ def test_a_batch_sent_a_statement_at_a_time_is_still_all_or_none(db):
         db._ops.apply_batch(ops)
     assert (s.get("k1"), s.get("taken")) == (None, 1)
     assert db._ops.apply_batch(ops[:1]) == [1] and s.get("k1") == 1
+
+
+def test_an_error_after_the_feed_s_numbering_is_raised(db):
+    """The feed's numbering (BEGIN; feed_sequence(); COMMIT) is not joined with the read
+    after it: the cursor drops an error that follows a COMMIT (meant for the wake-up after
+    a write's COMMIT), so a failing read there would have returned nothing, silently."""
+    from agentstate.backends.postgres.statements import READ, SEQUENCE, Conn, quiet_rollback
+
+    store = db._ops.store
+    raw = store._checkout()
+    try:
+        c = Conn(raw, READ, SEQUENCE)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            c.execute("SELECT 1 / %s", (0,))
+    finally:
+        quiet_rollback(raw)
+        store._checkin(raw)

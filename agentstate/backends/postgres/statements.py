@@ -246,8 +246,10 @@ class Conn:
     def _together(self, before: list[str], query: Any, params: Any) -> Any:
         """Statements without results, then ``query``'s cursor, in one round trip when
         ``query``'s parameters can be written in, else two. (READ COMMITTED gives each
-        statement of a simple query a snapshot of its own, taken when it starts.)"""
-        text = inline(query, params)
+        statement of a simple query a snapshot of its own, taken when it starts.) Not
+        after a COMMIT (the feed's SEQUENCE): the cursor drops an error that follows a
+        COMMIT (``AfterCommit``), which must stay true of the wake-up alone."""
+        text = None if "COMMIT" in before else inline(query, params)
         if text is not None:
             try:
                 cur = self.raw.execute("; ".join([*before, text]), prepare=False)
