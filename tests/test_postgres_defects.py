@@ -137,16 +137,18 @@ def _other_writer(db, other):
         s.put("ctr", 100)
 
 
+@pytest.mark.parametrize("how", ["get", "get_many"])
 @pytest.mark.parametrize("other, final", [("block", 2), ("update", 2), ("put", 100)])
-def test_a_block_that_read_an_absent_key_loses_no_update(db, admin, other, final):
+def test_a_block_that_read_an_absent_key_loses_no_update(db, admin, other, final, how):
     """Reads inside transaction() lock the keys they read, absent ones included: a block
-    that read a key as absent is never overwritten by a writer that came after its read."""
+    that read a key as absent is never overwritten by a writer that came after its read.
+    (get_many takes the locks of all its keys, with the read, in one round trip.)"""
     s = db.scope("app", "a")
     read, release = threading.Event(), threading.Event()
 
     def block():
         with db.transaction():
-            n = s.get("ctr", 0)
+            n = s.get("ctr", 0) if how == "get" else (s.get_many(["other", "ctr"])["ctr"].value or 0)
             read.set()
             assert release.wait(WAIT)
             s.put("ctr", n + 1)

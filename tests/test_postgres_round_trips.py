@@ -17,20 +17,13 @@ import pytest
 
 import agentstate
 
-from .test_postgres_defects import WAIT, _other_writer, started, wait_blocked
+from .test_postgres_defects import WAIT, started
 
 
 @pytest.fixture
 def db(pg_url):
-    d = agentstate.open(pg_url, busy_timeout=WAIT)
-    yield d
-    d.close()
-
-
-@pytest.fixture
-def admin(pg_admin_url):
-    with psycopg.connect(pg_admin_url, autocommit=True) as c:
-        yield c
+    with agentstate.open(pg_url, busy_timeout=WAIT) as d:
+        yield d
 
 
 @pytest.fixture
@@ -114,30 +107,6 @@ def test_a_refused_batch_writes_nothing_and_the_connection_goes_on(db):
                 b.scope("app", "a").put("taken", 2, if_version=0)
         s.put("kept2", 2)
     assert (s.get("kept"), s.get("kept2"), s.get("first")) == (1, 2, None)
-
-
-@pytest.mark.parametrize("other, final", [("block", 2), ("update", 2), ("put", 100)])
-def test_a_block_that_read_absent_keys_with_get_many_loses_no_update(db, admin, other, final):
-    """As test_postgres_defects' test for get: the keys a get_many found absent stay
-    absent to others until the block ends (their lock is taken with the read)."""
-    s = db.scope("app", "a")
-    read, release = threading.Event(), threading.Event()
-
-    def block():
-        with db.transaction():
-            n = s.get_many(["other", "ctr"])["ctr"].value or 0
-            read.set()
-            assert release.wait(WAIT)
-            s.put("ctr", n + 1)
-
-    first = started(block)
-    assert read.wait(WAIT)
-    second = started(_other_writer, db, other)
-    wait_blocked(admin, 1, second)
-    release.set()
-    first.join_ok()
-    second.join_ok()
-    assert s.get("ctr") == final
 
 
 def test_a_fenced_batch_of_several_writes_is_one_round_trip_and_all_or_none(db, sent):
