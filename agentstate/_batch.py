@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._encoding import check_fence, check_key, check_kind, encode_items
-from ._scope import KEEP, _check_version, _encode_value, _ttl
+from ._scope import KEEP, Appended, _check_version, _encode_value, _ttl
 from .errors import InvalidValue
 
 if TYPE_CHECKING:
@@ -92,5 +92,6 @@ class Batch:
     def apply(self) -> list[Any]:
         """All or none: the first refusal raises and nothing is written."""
         ops = self._db._ops if self._fence is None else self._db._ops.fenced(self._fence)
-        self.results = ops.apply_batch(self.ops)
+        results = ops.apply_batch(self.ops)
+        self.results = [Appended(*r) if op[0] == "append" else r for op, r in zip(self.ops, results)]
         return self.results

@@ -197,3 +197,4 @@ def test_an_error_after_the_feed_s_numbering_is_raised(db):
     finally:
         quiet_rollback(raw)
         store._checkin(raw)
+

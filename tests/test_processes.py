@@ -11,6 +11,7 @@ import apsw
 import agentstate
 
 from . import workers
+from .conftest import target
 
 def test_four_processes_update_one_counter(db_path):
     """4 processes x 500 update() increments end at exactly 2,000, with no exception."""
@@ -91,3 +92,17 @@ def test_a_long_waiter_takes_the_lock_soon_after_it_is_freed(db_path):
         other.close()
         assert s.get("k") == 4
     assert statistics.median(lags) < 0.025, lags
+
+
+def test_batches_from_several_processes_are_each_all_or_none(any_db):
+    """Four processes, each 40 batches that append to two lists and put a count, every
+    fifth refused by its last write: on both backends every batch lands whole or not at
+    all, and no append is lost."""
+    s = any_db.scope("session", "shared")
+    s.put("taken", -1)
+    got = dict(workers.race(workers.batch_writer, lambda w: (target(any_db), w, 40)))
+    a, b = s.get("a", []), s.get("b", [])
+    assert sorted(map(str, a)) == sorted(map(str, b))  # each batch wrote both, or neither
+    assert len(a) == sum(got.values())
+    assert all(s.get(f"count{w}") == n for w, n in got.items() if n)
+    assert 0 < sum(got.values()) <= 4 * 32 and s.get("taken") == -1

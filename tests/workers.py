@@ -223,3 +223,26 @@ def first_admin(path: str, start, results, ready=None) -> None:
             ready.put("open")
         start.wait()
         results.put(db.tokens.create_first_admin())
+
+
+def batch_writer(path: str, who: int, n: int, start, results) -> None:
+    """n batches, each an append to two lists and a put of this writer's count, every
+    fifth refused by its last write; reports the batches that were applied. (Writers whose batches lock
+    rows in crossing orders deadlock on PostgreSQL, and each deadlock costs the server's
+    deadlock_timeout, 1 s, before one of them is retried: too slow for the default run.)"""
+    start.wait()
+    done = 0
+    with agentstate.open(path, busy_timeout=30) as db:
+        for i in range(n):
+            try:
+                with db.batch() as b:
+                    w = b.scope("session", "shared")
+                    w.append("a", [{"who": who, "i": i}])
+                    w.append("b", [{"who": who, "i": i}])
+                    w.put(f"count{who}", done + 1)
+                    if i % 5 == 4:  # refused: "taken" exists, so none of this batch lands
+                        w.put("taken", who, if_version=0)
+            except (agentstate.Busy, agentstate.VersionConflict):
+                continue
+            done += 1
+    results.put((who, done))

@@ -304,7 +304,7 @@ class Ops(Protocol):
         ...
     def apply_batch(self, ops: list[Batched]) -> list[Any]:
         """The writes of a ``batch()``, all or none; each one's result (an append's as
-        ``Appended``)."""
+        (length, version), as ``kv_append``'s)."""
         ...
     def fenced(self, turn_id: str, owner: str | None = None) -> Ops:
         """The same operations, every write of which lands only while the turn

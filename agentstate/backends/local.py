@@ -89,10 +89,7 @@ class LocalOps:
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                     ) -> list[Any]:
-        from .._scope import Appended
-
-        results = self._write(self.kv.write_many, ops)  # one write (PostgreSQL: one round trip)
-        return [Appended(*r) if op[0] == "append" else r for op, r in zip(ops, results)]
+        return self._write(self.kv.write_many, ops)  # one write (PostgreSQL: one round trip)
 
     def fenced(self, turn_id: str, owner: str | None = None) -> LocalOps:
         """These operations with every write fenced by ``turn_id`` (SPEC §14): the check

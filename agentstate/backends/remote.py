@@ -160,8 +160,6 @@ class RemoteOps:
     def apply_batch(self, ops: list[Batched]) -> list[Any]:
         """One POST /v1/batch; each op's value comes validated and encoded (``_batch``) and
         its JSON text is spliced in as is, as for a single write."""
-        from .._scope import Appended
-
         parts = []
         for op, kind, sid, key, args, kwargs in ops:
             head = f'{{"op":"{op}","scope":{_dumps(f"{kind}:{sid}")},"key":{_dumps(key)}'
@@ -173,7 +171,7 @@ class RemoteOps:
             fields = {k: v for k, v in kwargs.items() if v is not None and v != KEEP}
             parts.append(head + "".join(f',"{k}":{_dumps(v)}' for k, v in fields.items()) + "}")
         results = self._call("POST", "/v1/batch", body='{"ops":[' + ",".join(parts) + "]}")["results"]
-        return [Appended(r["length"], r["version"]) if "length" in r
+        return [(r["length"], r["version"]) if "length" in r
                 else r["deleted"] if "deleted" in r else r["version"] for r in results]
 
     # -- keys ------------------------------------------------------------------------------
