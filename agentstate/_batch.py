@@ -27,7 +27,8 @@ Op = tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]
 
 
 class BatchScope:
-    """The writes of one scope inside a batch: put, delete and append, each collected."""
+    """The writes of one scope inside a batch: put, delete and append, each collected;
+    and ``check``, which writes nothing but holds the batch to a key's version."""
 
     __slots__ = ("_batch", "kind", "id")
 
@@ -60,6 +61,21 @@ class BatchScope:
         check_key(key)
         self._batch._add(("delete", self.kind, self.id, key, (),
                           {"if_version": _check_version(if_version)}))
+
+    def check(self, key: str, *, if_version: int) -> None:
+        """Apply the batch only if ``key`` is at ``if_version`` when it is applied (0:
+        absent); writes nothing. Its result is that version. The key stays at it until
+        the batch commits: a read of another key's version and the writes it allows,
+        in one batch (over HTTP, one request) where they would need a transaction.
+
+        :raises InvalidKey: now, and nothing is added.
+        :raises InvalidValue: now (``if_version`` not an integer of 0 or more).
+        """
+        check_key(key)
+        version = _check_version(if_version)
+        if version is None:
+            raise InvalidValue("check needs if_version: the version the key must be at (0: absent)")
+        self._batch._add(("check", self.kind, self.id, key, (), {"if_version": version}))
 
     def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> None:
         """As ``Scope.append`` (``ttl`` None keeps the key's expiry).

@@ -103,9 +103,10 @@ class Database:
 
     @contextmanager
     def batch(self, *, fence: Any = None) -> Iterator[Batch]:
-        """Collect writes (``b.scope(kind, id).put/delete/append``) and apply them all or
+        """Collect writes (``b.scope(kind, id).put/delete/append``, and ``check``, which
+        writes nothing but holds the batch to a key's version) and apply them all or
         none when the block exits; the first refusal raises. ``b.results`` then holds
-        each write's return value. An exception in the block applies nothing.
+        each op's return value. An exception in the block applies nothing.
         ``fence``: a Turn (or turn id) fencing every write: ``LeaseLost`` fails them all."""
         b = Batch(self, fence)
         yield b

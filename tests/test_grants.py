@@ -345,6 +345,26 @@ def test_a_batch_with_one_uncovered_op_writes_nothing(store):
     assert r.status_code == 200 and db.scope("thread", "t-1").get("a") == 1
 
 
+def test_a_batch_check_needs_only_read_access(store):
+    """A check writes nothing: a read grant on its scope lets it in, where a write needs rw;
+    a check of a scope the token may not read is 403, with nothing written."""
+    db, tok, app = store
+    check = {"op": "check", "scope": "thread:t-1", "key": "k", "if_version": 1}
+    ro, rw = client(app, tok["ro"]), client(app, tok["rw"])
+    r = ro.post("/v1/batch", json={"ops": [check]})
+    assert r.status_code == 200 and r.json() == {"results": [{"version": 1}]}
+    r = ro.post("/v1/batch", json={"ops": [{**check, "if_version": 2}]})
+    assert code(r) == "version_conflict" and r.json()["error"]["current_version"] == 1
+    before = digest(db)
+    r = rw.post("/v1/batch", json={"ops": [{**check, "scope": "thread:t-2"},
+                                          {"op": "put", "scope": "thread:t-1", "key": "b", "value": 1}]})
+    assert code(r) == "forbidden" and "thread:t-2" in r.json()["error"]["message"]
+    assert digest(db) == before
+    r = rw.post("/v1/batch", json={"ops": [check, {"op": "put", "scope": "thread:t-1", "key": "b",
+                                                   "value": 1}]})
+    assert r.json() == {"results": [{"version": 1}, {"version": 1}]}
+
+
 def test_a_list_of_runs_shows_only_what_the_token_may_read(store):
     """GET /v1/runs: the runs a runs rule covers, paged (a full page when more follow); after=
     a run it may not read is 403 (not a hint that it exists); no runs rule: no runs."""

@@ -470,6 +470,61 @@ def test_batch_applies_all_or_none(db):
             b.scope("app", "b").put("bad key", 1)
 
 
+def test_a_batch_check_holds_the_batch_to_a_version_and_writes_nothing(db):
+    """check(key, if_version=N): the batch applies only if the key is at N (0: absent, an
+    expired key included); the first failing op's VersionConflict otherwise, with nothing
+    written. A check changes neither its key's version nor the feed; its result is N."""
+    kv = db.scope("app", "b")
+    kv.put("x", 1)
+    kv.put("x", 2)
+    kv.put("short", 1, ttl=0.05)
+    head = db.last_change()
+    with db.batch() as b:
+        b.scope("app", "b").check("x", if_version=2)
+        b.scope("app", "b").check("none", if_version=0)
+        b.scope("user", "u").put("y", "written", if_version=0)
+        b.scope("app", "b").check("x", if_version=2)
+    assert b.results == [2, 0, 1, 2]
+    assert kv.get_versioned("x") == (2, 2) and kv.get("none") is None
+    assert [(c.key, c.op) for c in db.changes(head)] == [("y", "put")]  # the checks wrote nothing
+    time.sleep(0.1)
+    before = digest(db)
+    for key, version, current in [("x", 1, 2), ("x", 3, 2), ("x", 0, 2), ("none", 1, 0),
+                                  ("short", 1, 0)]:  # expired: absent, at version 0
+        with pytest.raises(agentstate.VersionConflict, match=f"check app:b {key}") as e:
+            with db.batch() as b:
+                b.scope("user", "u").put("z", 1)
+                b.scope("app", "b").check(key, if_version=version)
+                b.scope("user", "u").put("w", 1)
+        assert e.value.current_version == current
+        assert digest(db) == before
+    assert db.scope("user", "u").list() == ["y"]
+    with pytest.raises(agentstate.VersionConflict) as e:  # the first op that fails is the error
+        with db.batch() as b:
+            b.scope("app", "b").check("x", if_version=2)
+            b.scope("app", "b").put("x", 9, if_version=1)
+            b.scope("app", "b").check("x", if_version=5)
+    assert e.value.current_version == 2 and kv.get("x") == 2
+
+
+def test_a_check_in_a_transaction_holds_its_key_until_the_end(db):
+    """Inside transaction(), a batch's check keeps its key at the version checked until
+    the block ends, as a read inside the block does: a writer of that key waits."""
+    kv = db.scope("app", "held")
+    kv.put("k", 1)
+    done: list[int] = []
+    with db.transaction():
+        with db.batch() as b:
+            b.scope("app", "held").check("k", if_version=1)
+        writer = threading.Thread(target=lambda: done.append(kv.put("k", 2)))
+        writer.start()
+        time.sleep(0.5)
+        assert done == []
+        kv.put("other", 1)
+    writer.join(10)
+    assert done == [2] and kv.get_versioned("k") == (2, 2)
+
+
 def _nested(depth):
     v: list = []
     for _ in range(depth - 1):
@@ -501,6 +556,10 @@ BAD_BATCH_WRITES = {
     "ttl NaN": (lambda s: s.append("l", [1], ttl=float("nan")), agentstate.InvalidValue),
     "ttl keep": (lambda s: s.put("k", 1, ttl="keep"), agentstate.InvalidValue),
     "a bad key": (lambda s: s.put("bad key", 1), agentstate.InvalidKey),
+    "check without if_version": (lambda s: s.check("x", if_version=None), agentstate.InvalidValue),
+    "check if_version -1": (lambda s: s.check("x", if_version=-1), agentstate.InvalidValue),
+    "check if_version 1.0": (lambda s: s.check("x", if_version=1.0), agentstate.InvalidValue),
+    "check a bad key": (lambda s: s.check("bad key", if_version=0), agentstate.InvalidKey),
 }
 
 

@@ -63,13 +63,15 @@ def test_a_batch_is_one_round_trip(db, sent):
     sent.clear()
     with db.batch() as b:
         w = b.scope("app", "a")
+        w.check("old", if_version=1)
         w.put("x", {"v": 1})
         w.put("y", "it's \\ é; -- not SQL")
         w.append("l", [1, 2])
         w.delete("old")
         w.put("z", 3, if_version=0)
-    assert len(sent) == 1  # BEGIN, the five writes, COMMIT and the wake-up
-    assert b.results == [1, 1, agentstate.Appended(2, 1), True, 1]
+        w.check("x", if_version=1)
+    assert len(sent) == 1  # BEGIN, the checks and the five writes, COMMIT and the wake-up
+    assert b.results == [1, 1, 1, agentstate.Appended(2, 1), True, 1, 1]
     assert (s.get("x"), s.get("y"), s.get("l"), s.get("old"), s.get("z")) == (
         {"v": 1}, "it's \\ é; -- not SQL", [1, 2], None, 3)
     ops = [(c.op, c.key) for c in db.changes(since=0)]
@@ -179,7 +181,36 @@ def test_a_batch_sent_a_statement_at_a_time_is_still_all_or_none(db):
     with pytest.raises(agentstate.VersionConflict):
         db._ops.apply_batch(ops)
     assert (s.get("k1"), s.get("taken")) == (None, 1)
-    assert db._ops.apply_batch(ops[:1]) == [1] and s.get("k1") == 1
+    with pytest.raises(agentstate.VersionConflict, match="check app:a taken"):
+        db._ops.apply_batch([ops[0], ("check", "app", "a", "taken", (), {"if_version": 2})])
+    assert s.get("k1") is None
+    assert db._ops.apply_batch([ops[0], ("check", "app", "a", "taken", (), {"if_version": 1})]) \
+        == [1, 1] and s.get("k1") == 1
+
+
+def test_a_batch_check_waits_for_a_writer_of_its_key_and_sees_its_commit(db):
+    """A check locks its key and reads its version after the lock's wait (a snapshot of
+    its own): a block that wrote the key meanwhile is seen once it commits."""
+    s = db.scope("app", "a")
+    s.put("k", 1)
+    written, release = threading.Event(), threading.Event()
+
+    def writer():
+        with db.transaction():
+            s.put("k", 2)
+            written.set()
+            assert release.wait(WAIT)
+            time.sleep(0.3)
+
+    w = started(writer)
+    assert written.wait(WAIT)
+    release.set()
+    start = time.monotonic()
+    with db.batch() as b:
+        b.scope("app", "a").check("k", if_version=2)
+        b.scope("app", "a").put("after", 1)
+    w.join_ok()
+    assert time.monotonic() - start >= 0.2 and b.results == [2, 1]
 
 
 def test_an_error_after_the_feed_s_numbering_is_raised(db):

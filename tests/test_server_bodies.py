@@ -43,6 +43,10 @@ def api(any_db):
     {"op": "append", "scope": "app:a", "key": "k", "items": [1], "value": 1},
     {"op": "delete", "scope": "app:a", "key": "k", "value": 1},
     {"op": "delete", "scope": "app:a", "key": "k", "ttl": 5},
+    {"op": "check", "scope": "app:a", "key": "k"},  # no if_version
+    {"op": "check", "scope": "app:a", "key": "k", "if_version": None},
+    {"op": "check", "scope": "app:a", "key": "k", "if_version": -1},
+    {"op": "check", "scope": "app:a", "key": "k", "if_version": 0, "value": 1},
 ])
 def test_a_batch_op_without_its_value_is_refused(api, op):
     """Issue 26.12: a batch `put` with no `value` stored null (an `append` with no `items`

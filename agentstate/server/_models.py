@@ -33,9 +33,10 @@ class TouchBody(Body):
 
 class BatchOp(Body):
     """One op; each takes its own fields only. As for PUT of a key, a missing ``value`` is
-    refused and an explicit null is a value (so ``value`` cannot default to None here)."""
+    refused and an explicit null is a value (so ``value`` cannot default to None here).
+    A ``check`` writes nothing: the batch applies only if its key is at ``if_version``."""
 
-    op: Literal["put", "delete", "append"]
+    op: Literal["put", "delete", "append", "check"]
     scope: str
     key: str
     value: Any = None
@@ -46,11 +47,11 @@ class BatchOp(Body):
     @model_validator(mode="after")
     def _fields_of_its_op(self) -> BatchOp:
         given = self.model_fields_set
-        needs = {"put": "value", "append": "items"}.get(self.op)
+        needs = {"put": "value", "append": "items", "check": "if_version"}.get(self.op)
         if needs is not None and needs not in given:
             raise ValueError(f"a {self.op} needs {needs!r} (null is a value; a missing one is not)")
         takes = {"put": {"value", "if_version", "ttl"}, "append": {"items", "ttl"},
-                 "delete": {"if_version"}}[self.op]
+                 "delete": {"if_version"}, "check": {"if_version"}}[self.op]
         extra = sorted(given - takes - {"op", "scope", "key"})
         if extra:
             raise ValueError(f"a {self.op} takes no {', '.join(extra)}")

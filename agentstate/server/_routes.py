@@ -65,8 +65,11 @@ ROUTES: list[Route_] = _key_routes() + [
            grant="batch",
            description=f"At most {LIMITS.batch_ops:,} ops (more: 413 too_large). Each op takes its "
                        "own fields only; a `put` without `value` or an `append` without `items` is "
-                       "400 invalid_value (an explicit null is a value). A token with grants needs "
-                       "`rw` on every op's scope, else 403 forbidden and nothing is written."),
+                       "400 invalid_value (an explicit null is a value). A `check` (`scope`, `key`, "
+                       "`if_version`) writes nothing: the batch applies only if that key is at "
+                       "that version (0: absent), else 409 version_conflict; its result is "
+                       "`{\"version\"}`. A token with grants needs `rw` on every written op's "
+                       "scope (`r` for a check), else 403 forbidden and nothing is written."),
     Route_("GET", "/v1/runs", runs.runs_list, "Runs, newest update first", query=("after", "limit"),
            answer="Runs", errors=(400, 403, 404), grant="list",
            description="A token with grants sees the runs a `runs` rule covers, and no other."),

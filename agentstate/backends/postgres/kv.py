@@ -117,8 +117,36 @@ def append(c: Conn, kind: str, sid: str, key: str, items: list[str], items_size:
     return c.execute(_APPEND, _append_args(kind, sid, key, items, items_size, ttl)).fetchone()
 
 
-# A batch's writes: (statement, its arguments, its result from the cursor) by op.
+# A batch's check: the key locked (as a read in a transaction locks it), then its version
+# read in a snapshot taken after that lock's waits, refused on the server (so that the
+# rest of its round trip is undone) unless it is the one expected. Two statements.
+_CHECK = (_READ_LOCK + "; SELECT v, CASE WHEN v <> %s THEN agentstate_error('VersionConflict', "
+          "format('check %%s:%%s %%s: expected version %%s, the current version is %%s', "
+          "%s::text, %s::text, %s::text, %s::bigint, v), v::text)::text END "
+          "FROM (SELECT coalesce((SELECT version FROM kv WHERE kind = %s AND scope_id = %s "
+          f"AND key = %s AND {_LIVE_LOCKED}), 0) AS v) AS found")
+
+
+def _check_args(kind: str, sid: str, key: str, if_version: int) -> tuple[Any, ...]:
+    return (kind, sid, key, if_version, kind, sid, key, if_version, kind, sid, key)
+
+
+def _checked(cur: Any) -> int:
+    cur.nextset()  # past the lock's result
+    return cur.fetchone()[0]
+
+
+def check(c: Conn, kind: str, sid: str, key: str, if_version: int) -> int:
+    """A batch's check: ``VersionConflict`` unless the key is at ``if_version`` (0:
+    absent); the key stays locked until the transaction ends. Its version."""
+    lock, read = _CHECK.split("; ", 1)
+    c.execute(lock, (kind, sid, key))
+    return c.execute(read, _check_args(kind, sid, key, if_version)[3:]).fetchone()[0]
+
+
+# A batch's ops: (statement, its arguments, its result from the cursor) by op.
 _BATCHED: dict[str, tuple[str, Any, Any]] = {
+    "check": (_CHECK, _check_args, _checked),
     "put": (_PUT, _put_args, lambda cur: cur.fetchone()[0]),
     "delete": (_DELETE, lambda kind, sid, key, if_version: (kind, sid, key, if_version),
                lambda cur: cur.fetchone()[0]),
@@ -128,7 +156,7 @@ _BATCHED: dict[str, tuple[str, Any, Any]] = {
 
 def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                ) -> list[Any]:
-    """A batch's writes (op, kind, sid, key, args, kwargs: put, delete, append), in
+    """A batch's ops (op, kind, sid, key, args, kwargs: put, delete, append, check), in
     order, as one transaction; each one's result. In one round trip (with the BEGIN
     and the COMMIT when the batch is a write of its own): the functions run one after
     another on the server, and the first refusal stops the rest and undoes them."""
@@ -138,7 +166,8 @@ def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dic
     texts = [inline(sql, params) for sql, params, _read in calls]
     if None in texts:  # a parameter not written as a literal: a statement at a time,
         c.begin()  # in one transaction all the same
-        return [read(c.execute(sql, params)) for sql, params, read in calls]
+        return [check(c, op[1], op[2], op[3], **op[5]) if op[0] == "check"
+                else read(c.execute(sql, params)) for op, (sql, params, read) in zip(ops, calls)]
     out: list[Any] = []
     if texts:
         cur = c.execute_all(texts)  # type: ignore[arg-type]

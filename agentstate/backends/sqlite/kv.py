@@ -162,11 +162,27 @@ def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
     return _page(_BY_RANGE[op], c, (kind, sid, lo, time.time(), hi, -1 if limit is None else limit))
 
 
+_VERSION = """SELECT version FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3
+                AND (expires_at IS NULL OR expires_at > ?4)"""
+
+
+def check(c: Conn, kind: str, sid: str, key: str, if_version: int) -> int:
+    """A batch's check: ``VersionConflict`` unless the key is at ``if_version`` (0:
+    absent), inside the caller's write transaction (which holds the file's write
+    lock until it ends); its version."""
+    row = c.execute(_VERSION, (kind, sid, key, time.time())).fetchone()
+    current = row[0] if row else 0
+    if current != if_version:
+        raise _conflict(f"check {kind}:{sid} {key}", if_version, current)
+    return current
+
+
 def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                ) -> list[Any]:
-    """A batch's writes (op, kind, sid, key, args, kwargs: put, delete, append), in
+    """A batch's ops (op, kind, sid, key, args, kwargs: put, delete, append, check), in
     order, inside the caller's transaction; each one's result."""
-    calls: dict[str, Callable[..., Any]] = {"put": put, "delete": delete, "append": append}
+    calls: dict[str, Callable[..., Any]] = {"put": put, "delete": delete, "append": append,
+                                            "check": check}
     return [calls[op](c, kind, sid, key, *args, **kwargs) for op, kind, sid, key, args, kwargs in ops]
 
 

@@ -139,7 +139,7 @@ async def batch(api: API, c: Call) -> Response:
         if not sep:
             raise agentstate.InvalidKey(f"scope must be KIND:ID, got {op.scope!r}")
         scopes.append((check_kind(kind), check_key(sid, "scope id")))
-        c.need(kind, sid, True)
+        c.need(kind, sid, op.op != "check")  # a check reads its key, and writes nothing
     sessions = {sid for kind, sid in scopes if kind == "session"}
     if await h.blocking(api.rule.hidden, c.p, sessions):  # as absent here as anywhere else
         raise NotFound("no session: a batch op names a session this principal may not use")
@@ -152,6 +152,8 @@ async def batch(api: API, c: Call) -> Response:
                     target.put(op.key, op.value, if_version=op.if_version, ttl=op.ttl)
                 elif op.op == "delete":
                     target.delete(op.key, if_version=op.if_version)
+                elif op.op == "check":
+                    target.check(op.key, if_version=op.if_version)
                 else:
                     target.append(op.key, op.items, ttl=op.ttl)
         return bt.results or []

@@ -339,7 +339,8 @@ export class State {
   get app(): Scope { return this.get_("app"); }
 }
 
-/** One result of a batch: put → version, delete → existed, append → `{length, version}`. */
+/** One result of a batch: put → version, delete → existed, append → `{length, version}`,
+ * check → the version checked. */
 export type BatchResult = number | boolean | Appended;
 
 /** `db.batch()`: writes collected here, applied all or none by `commit()` in one request. */
@@ -405,5 +406,13 @@ export class BatchScope {
   append(key: string, items: unknown[], opts: { ttl?: number } = {}): this {
     const ttl = ttlOf(opts.ttl);
     return this.op("append", key, `,"items":${itemsOf(items)}${ttl === undefined ? "" : `,"ttl":${ttl}`}`);
+  }
+
+  /** Writes nothing: the batch applies only if `key` is at `ifVersion` (0: absent), and the
+   * key stays at it until the batch commits. Its result is that version. */
+  check(key: string, opts: { ifVersion: number }): this {
+    const v = versionOf(opts?.ifVersion);
+    if (v === undefined) throw new InvalidValue("check needs ifVersion: the version the key must be at (0: absent)");
+    return this.op("check", key, `,"if_version":${v}`);
   }
 }

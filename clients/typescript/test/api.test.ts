@@ -239,6 +239,26 @@ describe("batch", () => {
     await assert.rejects(bad.commit(), InvalidValue, "a batch commits once");
     assert.deepEqual(await db.batch().commit(), []);
   });
+
+  it("check holds the batch to a key's version and writes nothing", async () => {
+    const id = fresh();
+    await db.scope("agent", id).put("p", "parent");
+    const b = db.batch();
+    b.scope("agent", id).check("p", { ifVersion: 1 }).check("none", { ifVersion: 0 }).put("c", 1, { ifVersion: 0 });
+    assert.deepEqual(await b.commit(), [1, 0, 1]);
+    assert.deepEqual(await db.scope("agent", id).getVersioned("p"), { value: "parent", version: 1 });
+
+    const stale = db.batch();
+    stale.scope("agent", id).put("d", 1).check("p", { ifVersion: 0 });
+    const err = await stale.commit().catch((e: unknown) => e);
+    assert.ok(err instanceof VersionConflict);
+    assert.equal(err.currentVersion, 1);
+    assert.equal(await db.scope("agent", id).get("d"), undefined, "none of a failed batch is written");
+    const s = db.batch().scope("agent", id);
+    assert.throws(() => s.check("p", {} as { ifVersion: number }), InvalidValue);
+    assert.throws(() => s.check("p", { ifVersion: -1 }), InvalidValue);
+    assert.throws(() => s.check("bad key", { ifVersion: 0 }), InvalidKey);
+  });
 });
 
 describe("runs", () => {
