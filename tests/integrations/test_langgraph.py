@@ -258,6 +258,43 @@ def test_prune_and_delete_for_runs_keep_the_bytes_survivors_use(db, saver):
     assert db.scope("app", "langgraph.saver").list("") == []
 
 
+def test_a_put_whose_parent_another_saver_deleted_stores_its_own_bytes(any_db):
+    """A saver remembers the parent it wrote last, and a put points at that parent's
+    channel bytes; its one batch checks the parent is still the one it read. Deleted
+    meanwhile (by another saver: this one's memory still has it), the check refuses the
+    batch, nothing is written, and the put is made again without the parent, with bytes of
+    its own. Without the check the record would point at bytes that are gone."""
+    saver, other = AgentStateSaver(any_db), AgentStateSaver(any_db)
+    ids = chain(saver, "gone", 2)
+    other.delete_thread("gone")
+    messages = ["m0:" + "x" * 200, "m1:" + "x" * 200, "m2:" + "x" * 200]
+    got = saver.put(config("gone", "", ids[-1]),
+                    checkpoint(cid(3), {"messages": messages, "docs": "D" * 5000},
+                               {"messages": 3, "docs": 1}),
+                    {"source": "loop", "step": 3, "run_id": "run-m"}, {"messages": 3})
+    values = saver.get_tuple(got).checkpoint["channel_values"]
+    assert values == {"messages": messages, "docs": "D" * 5000}
+    assert [t.config["configurable"]["checkpoint_id"] for t in saver.list(config("gone"))] == [cid(3)]
+
+
+def test_steady_puts_are_one_batch_each_and_index_each_new_run(any_db, monkeypatch):
+    """After the first, a put whose channel bytes are inline or its parent's is one
+    batch (one write); one that starts a new run indexes the run in the same batch, so
+    delete_for_runs finds it."""
+    saver = AgentStateSaver(any_db)
+    ids = chain(saver, "steady", 2, tag="a")
+    batches, transactions = [], []
+    real_batch, real_txn = type(any_db).batch, type(any_db).transaction
+    monkeypatch.setattr(type(any_db), "batch", lambda self, **kw: (batches.append(1), real_batch(self, **kw))[1])
+    monkeypatch.setattr(type(any_db), "transaction", lambda self: (transactions.append(1), real_txn(self))[1])
+    more = chain(saver, "steady", 3, start=ids[-1], tag="b")  # a new run: run-b
+    assert (len(batches), len(transactions)) == (3, 0)
+    monkeypatch.undo()
+    saver.delete_for_runs(["run-b"])
+    assert [t.config["configurable"]["checkpoint_id"] for t in saver.list(config("steady"))] == ids[::-1]
+    assert saver.get_tuple(config("steady", "", more[0])) is None
+
+
 def test_prune_keeps_the_ancestors_a_delta_channel_needs(saver):
     """keep_latest keeps the newest checkpoint's ancestors back to the first whose
     metadata has no delta counters (there every DeltaChannel has its snapshot)."""
@@ -530,6 +567,53 @@ def test_a_forked_child_calls_from_a_fresh_thread(db, saver):
 
 
 # -- the store ---------------------------------------------------------------------------
+
+
+class _RacedScope:
+    """The store's scope, with another writer's call run right after its first get_many."""
+
+    def __init__(self, scope, meanwhile):
+        self._scope, self._meanwhile = scope, meanwhile
+
+    def __getattr__(self, name):
+        return getattr(self._scope, name)
+
+    def get_many(self, keys):
+        found = self._scope.get_many(keys)
+        if self._meanwhile:
+            self._meanwhile.pop()()
+        return found
+
+
+def test_store_puts_are_a_read_and_a_batch_held_to_what_was_read(any_db, monkeypatch):
+    """A put without deletes is one read of its items and namespaces, then one batch whose
+    checks hold each to what was read; a writer that came in between makes the batch
+    refused (nothing written) and it is made again: no update is lost, and every item
+    keeps one recency key. Without the checks the item was written over the other's and
+    the other's recency key stayed, so a search listed it twice."""
+    store, other = AgentStateStore(any_db), AgentStateStore(any_db)
+    store.put(("docs",), "a", {"n": 0})
+    batches, transactions = [], []
+    real_batch, real_txn = type(any_db).batch, type(any_db).transaction
+    monkeypatch.setattr(type(any_db), "batch", lambda self, **kw: (batches.append(1), real_batch(self, **kw))[1])
+    monkeypatch.setattr(type(any_db), "transaction", lambda self: (transactions.append(1), real_txn(self))[1])
+    store.put(("docs",), "b", {"n": 1})
+    assert (len(batches), len(transactions)) == (1, 0)
+    monkeypatch.undo()
+    store._scope = _RacedScope(store._scope, [lambda: other.put(("docs",), "a", {"n": "other"})])
+    store.put(("docs",), "a", {"n": "mine"})
+    store._scope = store._scope._scope
+    assert store.get(("docs",), "a").value == {"n": "mine"}
+    assert [i.key for i in store.search(("docs",))] == ["a", "b"]
+    assert len(store._scope.list("u.")) == 2
+    # the namespace's last item deleted between the read and the batch: the put makes the
+    # namespace again, so search and list_namespaces find the new item
+    store.put(("tmp",), "x", {"n": 1})
+    store._scope = _RacedScope(store._scope, [lambda: other.delete(("tmp",), "x")])
+    store.put(("tmp",), "y", {"n": 2})  # read n.tmp, then x (its last item) deleted
+    store._scope = store._scope._scope
+    assert [i.key for i in store.search(("tmp",))] == ["y"]
+    assert ("tmp",) in store.list_namespaces()
 
 
 def test_store_search_pages_newest_first_with_filters(db):

@@ -6,9 +6,10 @@ Where things are and why a checkpoint costs the same at any history length:
 Each LangGraph call is one call of the store where LangGraph's SQLite saver
 runs one query: ``get_tuple`` is one range read (``scope.items``) of the
 checkpoint's record with its writes, ``list`` reads pages of them, and
-``put_writes`` is one append. ``put`` is one transaction: a check that the
-parent still holds the bytes the new record points at, the record, and any
-new channel bytes. Channel bytes are named by their content and never
+``put_writes`` is one append. ``put`` is one batch: a check that the parent
+(whose bytes the new record may point at) is still the one read, and the
+record; one transaction instead when it has new channel bytes to store or the
+parent was not read before. Channel bytes are named by their content and never
 change, so recently used ones are kept in memory; so are the records this
 saver wrote or read last (a record is never changed either: its version
 says whether it is still the one stored).
@@ -47,8 +48,8 @@ from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
                       keys, on_pool, segment, token, write)
 from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, array,
-                      array_header, blob, checkpoints, content_hash, jsonable, matches, names, normal,
-                      payload_keys, pending, run_token, segments, thread_token)
+                      array_header, blob, byte_keys, checkpoints, content_hash, jsonable, matches,
+                      names, normal, payload_keys, pending, run_token, segments, thread_token)
 from ._upgrade import upgrade
 
 PARENTS = 256  # records kept in memory to serve as the parent of the next put
@@ -145,6 +146,11 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                         parent = Parent(stored.value, stored.version)
             record, blobs = self._record(scope, checkpoint, meta, new_versions, ns, s,
                                          parent_id, parent)
+            if attempt == 0 and parent is not None:
+                done = self._put_at_once(scope, thread_id, base, parent_base, parent, record, blobs)
+                if done is not None:
+                    version = done
+                    break
             with self.db.transaction():
                 if parent_base and scope.get_versioned(parent_base + ".r").version != \
                         (parent.version if parent else 0):
@@ -172,6 +178,32 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             raise agentstate.VersionConflict(f"the parent of checkpoint {cid!r} keeps changing", 0)
         self._remember(scope, base, record, version)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
+
+    def _put_at_once(self, scope: agentstate.Scope, thread_id: Any, base: str, parent_base: Any,
+                     parent: Parent, record: dict[str, Any],
+                     blobs: list[tuple[str, memoryview]]) -> int | None:
+        """The put as one batch (on PostgreSQL one round trip, where the transaction takes
+        three), when all its channel bytes are inline or the parent's, which exist while
+        the parent does: the parent checked at the version seen, the record put if
+        absent, a new run indexed. The record's version; None when the batch is refused
+        (the parent changed, a retry of this put, a run indexed before): nothing is
+        written, and the transaction sorts each case out."""
+        if blobs and not {key for key, _data in blobs} <= parent.blobs:
+            return None
+        run_id = record["metadata"].get("run_id")
+        try:
+            with self.db.batch() as b:
+                w = b.scope(scope.kind, scope.id)
+                w.check(parent_base + ".r", if_version=parent.version)
+                w.put(base + ".r", record, if_version=0)
+                if run_id is not None and parent.run_id != run_id:
+                    r, t = run_token(run_id), thread_token(thread_id)
+                    w.put(f"u.{r}", {"run_id": str(run_id)}, if_version=0)
+                    b.scope(self._index.kind, self._index.id).put(
+                        f"r.{r}.{t}", {"run_id": str(run_id), "thread_id": thread_id}, if_version=0)
+        except agentstate.VersionConflict:
+            return None
+        return b.results[1]  # type: ignore[index]
 
     def _register(self, scope: agentstate.Scope, thread_id: Any, s: str, ns: str) -> None:
         """Index the namespace and the thread of a checkpoint without a stored parent."""
@@ -561,13 +593,14 @@ class Parent:
     its channels' bytes are (never handed out), its run, and its version, which the
     put's transaction checks."""
 
-    __slots__ = ("versions", "channels", "run_id", "version")
+    __slots__ = ("versions", "channels", "run_id", "version", "blobs")
 
     def __init__(self, record: dict[str, Any], version: int) -> None:
         self.versions = dict(record["checkpoint"]["channel_versions"])
         self.channels = record["channels"]
         self.run_id = record["metadata"].get("run_id")
         self.version = version
+        self.blobs = byte_keys(record)  # kept while the parent is: a put may point at them
 
 
 def _ordered(scope: agentstate.Scope, thread_id: Any, prefix: str, found: Iterator[Found]

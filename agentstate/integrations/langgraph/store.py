@@ -138,6 +138,10 @@ class AgentStateStore(BaseStore):
             else:
                 raise ValueError(f"unknown store operation {op!r}")
         if puts or refresh:
+            if not refresh and all(op.value is not None for op in puts.values()):
+                for _attempt in range(3):
+                    if self._put_at_once(list(puts.values()), now):
+                        return results
             emptied: set[str] = set()
             with self.db.transaction():
                 # The reads first, each put's in one call; the writes they decide on in
@@ -147,13 +151,30 @@ class AgentStateStore(BaseStore):
                     w = b.scope("app", "langgraph.store")
                     added: set[str] = set()
                     for op in puts.values():
-                        self._put(op, now, w, added, emptied)
-                        refresh.pop(self._item_key(tuple(op.namespace), op.key), None)
+                        key, n = self._keys(op)
+                        self._put(op, now, w, added, emptied, self._scope.get_many([key, n]))
+                        refresh.pop(key, None)
                     for key, item in refresh.items():
                         self._refresh(key, item, now, w)
                 for n in sorted(emptied):
                     self._drop_empty_namespace(n)
         return results
+
+    def _put_at_once(self, puts: list[PutOp], now: float) -> bool:
+        """Puts without a delete: one read of their items and namespaces, then one batch
+        whose checks hold each to what was read (on PostgreSQL two round trips, where the
+        transaction takes three). False when a writer came in between: nothing written."""
+        wanted = [k for op in puts for k in self._keys(op)]
+        seen = self._scope.get_many(wanted)
+        try:
+            with self.db.batch() as b:
+                w = b.scope("app", "langgraph.store")
+                added: set[str] = set()
+                for op in puts:
+                    self._put(op, now, w, added, set(), seen)
+        except agentstate.VersionConflict:
+            return False
+        return True
 
     abatch = async_twin(batch)
 
@@ -272,18 +293,25 @@ class AgentStateStore(BaseStore):
 
     # -- writes (inside the batch's transaction) -------------------------------------------
 
-    def _put(self, op: PutOp, now: float, w: BatchScope, added: set[str], emptied: set[str]) -> None:
-        """Read the item and its namespace's entry (one call); add the writes to ``w``."""
+    def _keys(self, op: PutOp) -> tuple[str, str]:
+        """The keys of a put's item and of its namespace's entry."""
+        n = self._ns_token(tuple(op.namespace))
+        return f"i.{n}:{token(op.key, 60)}", f"n.{n}"
+
+    def _put(self, op: PutOp, now: float, w: BatchScope, added: set[str], emptied: set[str],
+             seen: dict[str, agentstate.Versioned]) -> None:
+        """Add a put's writes to ``w``, decided on ``seen`` (its item and namespace entry, as
+        read) and held to it: the item at the version read, the namespace entry there (a
+        delete of the last item drops it) or created."""
         ns = tuple(op.namespace)
         n = self._ns_token(ns)
         key = f"i.{n}:{token(op.key, 60)}"
-        both = self._scope.get_many([key, f"n.{n}"])  # one read (and lock) of the two
-        old = both[key].value
+        old, version = seen[key]
         if old is not None:
             self._unindex(n, key, old, w)
         if op.value is None:
             if old is not None:
-                w.delete(key)
+                w.delete(key, if_version=version)
                 emptied.add(n)
             return
         stamp = f"{_FAR - int(now * 1e6):017d}"
@@ -291,12 +319,16 @@ class AgentStateStore(BaseStore):
         expires = None if op.ttl is None else now + op.ttl * 60
         item = {"ns": list(ns), "key": op.key, "value": dict(op.value), "created_at": created,
                 "updated_at": now, "ttl": op.ttl, "expires_at": expires, "r": stamp}
-        w.put(key, item)
+        w.put(key, item, if_version=version)
         w.put(f"u.{n}:{stamp}.{key[len(n) + 3:]}", 0)
         if expires is not None:
             w.put(f"x.{_stamp(expires)}.{key[2:]}", 0)
-        if old is None and both[f"n.{n}"].value is None and n not in added:
-            w.put(f"n.{n}", {"ns": list(ns)})
+        if n not in added:
+            entry = seen[f"n.{n}"]
+            if entry.value is None:
+                w.put(f"n.{n}", {"ns": list(ns)}, if_version=entry.version)
+            else:
+                w.check(f"n.{n}", if_version=entry.version)
             added.add(n)
 
     def _drop_empty_namespace(self, n: str) -> None:
