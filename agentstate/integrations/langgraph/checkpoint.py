@@ -188,7 +188,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         absent, a new run indexed. The record's version; None when the batch is refused
         (the parent changed, a retry of this put, a run indexed before): nothing is
         written, and the transaction sorts each case out."""
-        if blobs and not {key for key, _data in blobs} <= parent.blobs:
+        if blobs and not {key for key, _data in blobs} <= parent.blobs():
             return None
         run_id = record["metadata"].get("run_id")
         try:
@@ -593,14 +593,18 @@ class Parent:
     its channels' bytes are (never handed out), its run, and its version, which the
     put's transaction checks."""
 
-    __slots__ = ("versions", "channels", "run_id", "version", "blobs")
+    __slots__ = ("versions", "channels", "run_id", "version", "other")
 
     def __init__(self, record: dict[str, Any], version: int) -> None:
         self.versions = dict(record["checkpoint"]["channel_versions"])
         self.channels = record["channels"]
         self.run_id = record["metadata"].get("run_id")
         self.version = version
-        self.blobs = byte_keys(record)  # kept while the parent is: a put may point at them
+        self.other = record.get("other")
+
+    def blobs(self) -> set[str]:
+        """The bytes keys it points at: kept while it is, so a child may point at them too."""
+        return byte_keys({"channels": self.channels, "other": self.other or {}})
 
 
 def _ordered(scope: agentstate.Scope, thread_id: Any, prefix: str, found: Iterator[Found]
