@@ -570,50 +570,73 @@ def test_a_forked_child_calls_from_a_fresh_thread(db, saver):
 
 
 class _RacedScope:
-    """The store's scope, with another writer's call run right after its first get_many."""
+    """A store's scope that counts its get_many calls, and runs another writer's call right
+    after the first one."""
 
-    def __init__(self, scope, meanwhile):
-        self._scope, self._meanwhile = scope, meanwhile
+    def __init__(self, scope, meanwhile=()):
+        self._scope, self._meanwhile, self.reads = scope, list(meanwhile), 0
 
     def __getattr__(self, name):
         return getattr(self._scope, name)
 
     def get_many(self, keys):
+        self.reads += 1
         found = self._scope.get_many(keys)
         if self._meanwhile:
             self._meanwhile.pop()()
         return found
 
 
-def test_store_puts_are_a_read_and_a_batch_held_to_what_was_read(any_db, monkeypatch):
-    """A put without deletes is one read of its items and namespaces, then one batch whose
-    checks hold each to what was read; a writer that came in between makes the batch
-    refused (nothing written) and it is made again: no update is lost, and every item
-    keeps one recency key. Without the checks the item was written over the other's and
-    the other's recency key stayed, so a search listed it twice."""
+def _recency_keys(store) -> int:
+    return len(store._scope.list("u."))
+
+
+def test_store_puts_are_one_batch_held_to_what_they_were_decided_on(any_db, monkeypatch):
+    """A put without deletes is one batch whose checks hold it to what it was decided on:
+    what this store last wrote of the item and namespace (a new item taken for absent),
+    or else one read first. A writer that came in between makes the batch refused
+    (nothing written) and the put is read and made again: no update is lost, every item
+    keeps one recency key, a namespace with items keeps its entry. Without the checks the
+    item was written over the other's and the other's recency key stayed (a search listed
+    it twice), or a namespace's entry stayed deleted under a new item."""
     store, other = AgentStateStore(any_db), AgentStateStore(any_db)
     store.put(("docs",), "a", {"n": 0})
     batches, transactions = [], []
     real_batch, real_txn = type(any_db).batch, type(any_db).transaction
     monkeypatch.setattr(type(any_db), "batch", lambda self, **kw: (batches.append(1), real_batch(self, **kw))[1])
     monkeypatch.setattr(type(any_db), "transaction", lambda self: (transactions.append(1), real_txn(self))[1])
-    store.put(("docs",), "b", {"n": 1})
-    assert (len(batches), len(transactions)) == (1, 0)
+    store._scope = counted = _RacedScope(store._scope)
+    store.put(("docs",), "b", {"n": 1})  # a new item in a namespace this store wrote: no read
+    store.put(("docs",), "b", {"n": 2})  # an item it wrote: no read
+    assert (len(batches), len(transactions), counted.reads) == (2, 0, 0)
     monkeypatch.undo()
-    store._scope = _RacedScope(store._scope, [lambda: other.put(("docs",), "a", {"n": "other"})])
+    store._scope = counted._scope
+
+    # what it remembers is stale: the item was written by another store since
+    other.put(("docs",), "a", {"n": "other"})
     store.put(("docs",), "a", {"n": "mine"})
-    store._scope = store._scope._scope
-    assert store.get(("docs",), "a").value == {"n": "mine"}
-    assert [i.key for i in store.search(("docs",))] == ["a", "b"]
-    assert len(store._scope.list("u.")) == 2
-    # the namespace's last item deleted between the read and the batch: the put makes the
-    # namespace again, so search and list_namespaces find the new item
+    assert store.get(("docs",), "a").value == {"n": "mine"} and _recency_keys(store) == 2
+    # a writer between a store's read and its batch (a store that remembers nothing)
+    fresh = AgentStateStore(any_db)
+    fresh._scope = _RacedScope(fresh._scope, [lambda: other.put(("docs",), "b", {"n": "other"})])
+    fresh.put(("docs",), "b", {"n": "fresh"})
+    fresh._scope = fresh._scope._scope
+    assert store.get(("docs",), "b").value == {"n": "fresh"} and _recency_keys(store) == 2
+    assert [i.key for i in store.search(("docs",))] == ["b", "a"]
+
+    # the namespace's last item deleted by another store: the entry this one remembers is
+    # gone, and the put makes it again
     store.put(("tmp",), "x", {"n": 1})
-    store._scope = _RacedScope(store._scope, [lambda: other.delete(("tmp",), "x")])
-    store.put(("tmp",), "y", {"n": 2})  # read n.tmp, then x (its last item) deleted
-    store._scope = store._scope._scope
-    assert [i.key for i in store.search(("tmp",))] == ["y"]
-    assert ("tmp",) in store.list_namespaces()
+    other.delete(("tmp",), "x")
+    assert ("tmp",) not in store.list_namespaces()
+    store.put(("tmp",), "y", {"n": 2})
+    assert [i.key for i in store.search(("tmp",))] == ["y"] and ("tmp",) in store.list_namespaces()
+    # ... and deleted between a read and the batch
+    other.put(("tmp2",), "x", {"n": 1})
+    fresh._scope = _RacedScope(fresh._scope, [lambda: other.delete(("tmp2",), "x")])
+    fresh.put(("tmp2",), "y", {"n": 2})
+    fresh._scope = fresh._scope._scope
+    assert [i.key for i in store.search(("tmp2",))] == ["y"] and ("tmp2",) in store.list_namespaces()
 
 
 def test_store_search_pages_newest_first_with_filters(db):

@@ -62,6 +62,7 @@ _FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
 _OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 _NUMBER_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 MANY = 1000  # keys one get_many reads at most
+KNOWN = 4096  # items and namespaces whose last write a store remembers (then it starts over)
 _FAR = 10**17  # microseconds; 17 digits hold any time this side of year 5000
 
 
@@ -86,6 +87,10 @@ class AgentStateStore(BaseStore):
         self._scope = db.scope("app", "langgraph.store")
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
+        # What this store last wrote of an item or a namespace entry: key -> (version, what
+        # a later put needs of the item). A put held to it by its batch's checks needs no
+        # read first; when another writer came in between, the batch is refused.
+        self._known: dict[str, tuple[int, dict[str, Any] | None]] = {}
 
     @classmethod
     @contextmanager
@@ -139,8 +144,8 @@ class AgentStateStore(BaseStore):
                 raise ValueError(f"unknown store operation {op!r}")
         if puts or refresh:
             if not refresh and all(op.value is not None for op in puts.values()):
-                for _attempt in range(3):
-                    if self._put_at_once(list(puts.values()), now):
+                for attempt in range(3):
+                    if self._put_at_once(list(puts.values()), now, guess=attempt == 0):
                         return results
             emptied: set[str] = set()
             with self.db.transaction():
@@ -158,22 +163,48 @@ class AgentStateStore(BaseStore):
                         self._refresh(key, item, now, w)
                 for n in sorted(emptied):
                     self._drop_empty_namespace(n)
+            for op in puts.values():
+                for key in self._keys(op):
+                    self._known.pop(key, None)
         return results
 
-    def _put_at_once(self, puts: list[PutOp], now: float) -> bool:
-        """Puts without a delete: one read of their items and namespaces, then one batch
-        whose checks hold each to what was read (on PostgreSQL two round trips, where the
-        transaction takes three). False when a writer came in between: nothing written."""
-        wanted = [k for op in puts for k in self._keys(op)]
-        seen = self._scope.get_many(wanted)
+    def _put_at_once(self, puts: list[PutOp], now: float, guess: bool) -> bool:
+        """Puts without a delete as one batch whose checks hold each to what it was decided
+        on (on PostgreSQL one round trip, where the transaction takes three): with
+        ``guess``, what this store last wrote of the items and namespaces, and an item it
+        never wrote into a namespace it knows taken for absent; else (or for what it does
+        not know) one read first. False when a writer came in between: nothing written."""
+        seen: dict[str, Any] = {}
+        unknown = []
+        for op in puts:
+            key, n = self._keys(op)
+            if guess and n in self._known:
+                seen[n] = agentstate.Versioned(True, self._known[n][0])
+                version, old = self._known.get(key, (0, None))
+                seen[key] = agentstate.Versioned(old, version)
+            else:
+                unknown += [key, n]
+        if unknown:
+            seen.update(self._scope.get_many(unknown))
+        wrote: dict[str, dict[str, Any]] = {}
         try:
             with self.db.batch() as b:
                 w = b.scope("app", "langgraph.store")
                 added: set[str] = set()
                 for op in puts:
-                    self._put(op, now, w, added, set(), seen)
+                    self._put(op, now, w, added, set(), seen, wrote)
         except agentstate.VersionConflict:
+            for op in puts:
+                for key in self._keys(op):
+                    self._known.pop(key, None)
             return False
+        if len(self._known) > KNOWN:
+            self._known.clear()
+        for (op, _kind, _sid, key, _args, _kw), result in zip(b.ops, b.results or []):
+            if op == "check" or (op == "put" and key[0] in "in"):
+                self._known[key] = (result, wrote.get(key))
+            elif op == "delete":
+                self._known.pop(key, None)
         return True
 
     abatch = async_twin(batch)
@@ -299,10 +330,12 @@ class AgentStateStore(BaseStore):
         return f"i.{n}:{token(op.key, 60)}", f"n.{n}"
 
     def _put(self, op: PutOp, now: float, w: BatchScope, added: set[str], emptied: set[str],
-             seen: dict[str, agentstate.Versioned]) -> None:
+             seen: dict[str, agentstate.Versioned],
+             wrote: dict[str, dict[str, Any]] | None = None) -> None:
         """Add a put's writes to ``w``, decided on ``seen`` (its item and namespace entry, as
         read) and held to it: the item at the version read, the namespace entry there (a
-        delete of the last item drops it) or created."""
+        delete of the last item drops it) or created. ``wrote``: what a later put needs of
+        the item written (its times and index keys)."""
         ns = tuple(op.namespace)
         n = self._ns_token(ns)
         key = f"i.{n}:{token(op.key, 60)}"
@@ -320,6 +353,8 @@ class AgentStateStore(BaseStore):
         item = {"ns": list(ns), "key": op.key, "value": dict(op.value), "created_at": created,
                 "updated_at": now, "ttl": op.ttl, "expires_at": expires, "r": stamp}
         w.put(key, item, if_version=version)
+        if wrote is not None:
+            wrote[key] = {"created_at": created, "expires_at": expires, "r": stamp}
         w.put(f"u.{n}:{stamp}.{key[len(n) + 3:]}", 0)
         if expires is not None:
             w.put(f"x.{_stamp(expires)}.{key[2:]}", 0)
@@ -339,6 +374,7 @@ class AgentStateStore(BaseStore):
         self._scope.get(f"n.{n}")
         if not self._scope.list(f"i.{n}:", limit=1):
             self._scope.delete(f"n.{n}")
+            self._known.pop(f"n.{n}", None)
 
     def _unindex(self, n: str, key: str, item: dict[str, Any],
                  w: agentstate.Scope | BatchScope) -> None:
