@@ -300,9 +300,12 @@ READING = """## Reading the figures
   fsync each) most. Compare a row's two systems, which took turns in one run.
 - What the adapters do per LangGraph call: `get_tuple` is one range read of the store
   (`scope.items`: the record with its pending writes, one row or two); `list` reads
-  pages of them; `put_writes` is one append; `put` is one transaction (the parent's
-  check, the record, new channel bytes). The store's `get` is one read and a search
-  one index page and one `get_many` per round of candidates.
+  pages of them; `put_writes` is one append; `put` is one `db.batch()` (a `check`
+  that the parent is still the one read, the record, a new run's index), or one
+  transaction when it has new channel bytes to store. The store's `get` is one read,
+  its `put` one batch held by checks to what the store last wrote of the item and
+  namespace (a read first when it knows neither), and a search one index page and
+  one `get_many` per round of candidates.
 - SQLite reads: LangGraph's `get_tuple` is one indexed SELECT in about 20 µs; ours
   is one call too, a range read of the store (`scope.items`). That read was
   prepared again by SQLite on every call (apsw's SQLite has STAT4, and a statement
@@ -313,18 +316,23 @@ READING = """## Reading the figures
   left: the layers above the read (~10 µs), and the record is JSON where
   LangGraph's row is msgpack. The async twins run in a worker thread where
   AsyncSqliteSaver goes through aiosqlite's queue, and are ahead.
-- Writes: on SQLite a put costs what its fsync costs, on both sides. On PostgreSQL
-  the statements of a transaction now share round trips (BEGIN and a savepoint go
-  with the next statement; a read in a transaction sends its lock with it; a
-  `db.batch()` is one round trip): a checkpoint put is three (BEGIN with the
-  parent's check, the record, COMMIT), the store's put three (BEGIN with the item's
-  and namespace's read, its writes as one batch, COMMIT; it was twelve). LangGraph's
-  PostgreSQL saver pipelines its statements into one, and each of our statements is
-  a function that also checks versions and records the change feed (~115 µs of
-  server time for a new key's `kv_put`, measured in a loop on the server): puts
-  are 0.3x-0.4x of it, store puts ~0.2x. Under a graph's threads each round trip
-  also waits for the GIL when it returns, so a statement of ~0.1 ms alone measures
-  1-4 ms inside `invoke`.
+- SQLite writes: one fsync each on both sides, and about as many bytes written
+  (strace: 615 fdatasyncs and ~6,100 pwrites for 600 checkpoint puts of ours, 616
+  and ~6,600 of LangGraph's). The difference is CPU: ~160 µs of the calling
+  thread per checkpoint put against ~85 µs (on a file in /dev/shm, without the
+  disk: ~75 µs against ~25 µs). A store write validates its value by the
+  contract's rules (~5 µs for a checkpoint record), encodes it (~6 µs), keeps its
+  version and records its change in the feed (a second row), where LangGraph's
+  saver inserts one msgpack row.
+- PostgreSQL writes: a checkpoint put and a store put are one round trip each now
+  (`db.batch()` with its BEGIN, checks and COMMIT; they were three). What is left is
+  the server's work per statement: each of our writes is a function that keeps
+  versions, key locks and the change feed. Timed on the server, a batch of one
+  check and one new key's `kv_put` costs ~430 µs more than an empty transaction
+  (the first `kv_put` of a transaction ~180 µs, the check ~60 µs, moving the
+  changes to the feed at COMMIT ~80 µs, the wake-up ~50 µs), where a plain INSERT
+  costs ~45 µs. Under a graph's threads each round trip also waits for the GIL
+  when it returns.
 - The store's filtered search decodes each candidate item in Python where LangGraph's
   stores filter with json_extract / jsonb in SQL; a filter that lets few items through
   reads many.

@@ -507,6 +507,33 @@ def test_a_batch_check_holds_the_batch_to_a_version_and_writes_nothing(db):
     assert e.value.current_version == 2 and kv.get("x") == 2
 
 
+def test_a_batch_of_checks_only_is_a_read_that_waits_for_no_writer(db):
+    """A batch that only checks writes nothing, so it is one read: it takes no lock (a
+    token that may only read cannot hold up writers with it) and does not wait for a
+    writer that holds the store."""
+    kv = db.scope("app", "b")
+    kv.put("k", 1)
+    done = []
+
+    def checks():
+        with db.batch() as b:
+            b.scope("app", "b").check("k", if_version=1)
+            b.scope("app", "b").check("none", if_version=0)
+        done.append(b.results)
+        with pytest.raises(agentstate.VersionConflict, match="check app:b k") as e:
+            with db.batch() as b:
+                b.scope("app", "b").check("none", if_version=0)
+                b.scope("app", "b").check("k", if_version=2)
+        done.append(e.value.current_version)
+
+    with writes_held(db):
+        t = threading.Thread(target=checks)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the checks waited for the writer"
+    assert done == [[1, 0], 1]
+
+
 def test_a_check_in_a_transaction_holds_its_key_until_the_end(db):
     """Inside transaction(), a batch's check keeps its key at the version checked until
     the block ends, as a read inside the block does: a writer of that key waits."""

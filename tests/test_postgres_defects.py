@@ -163,6 +163,54 @@ def test_a_block_that_read_an_absent_key_loses_no_update(db, admin, other, final
     assert s.get("ctr") == final
 
 
+@pytest.mark.parametrize("how", ["get", "get_many", "check"])
+def test_a_block_that_waited_for_a_key_being_created_holds_what_it_read(db, admin, how):
+    """A read in a block (or a batch's check) that waited for a writer deleting and
+    creating its key again, then reads the created row: that row is locked too, so
+    a writer that comes after the read waits for the block. (Found by review for the
+    check: only the key lock was taken, and the row could be written over before the
+    block, or the batch, ended.)"""
+    s = db.scope("app", "a")
+    s.put("k", "old")
+    created, release, seen, done = (threading.Event() for _ in range(4))
+
+    def creator():  # the read first waits for the old row's delete, then finds no row
+        with db.transaction():
+            s.delete("k")
+            s.put("k", "created")  # version 3: above the deleted one's next
+            created.set()
+            assert release.wait(WAIT)
+
+    def reader():
+        with db.transaction():
+            if how == "get":
+                got = s.get_versioned("k")
+            elif how == "get_many":
+                got = s.get_many(["k"])["k"]
+            else:
+                with db.batch() as b:
+                    b.scope("app", "a").check("k", if_version=3)
+                got = ("created", b.results[0])
+            seen.set()
+            assert done.wait(WAIT)
+            return got
+
+    c = started(creator)
+    assert created.wait(WAIT)
+    r = started(reader)
+    wait_blocked(admin, 1, r)
+    release.set()
+    c.join_ok()
+    assert seen.wait(WAIT)
+    w = started(s.put, "k", "overwritten")
+    wait_blocked(admin, 1, w)
+    assert w.is_alive(), "a write of the key read went through while the block held it"
+    done.set()
+    assert r.join_ok() == ("created", 3)
+    w.join_ok()
+    assert s.get_versioned("k") == ("overwritten", 4)
+
+
 @pytest.mark.parametrize("other", ["block", "update"])
 def test_a_block_past_its_key_locks_still_loses_no_update(db, admin, other):
     """The same for a block that read hundreds of absent keys first (and so holds the

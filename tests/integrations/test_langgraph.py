@@ -639,6 +639,16 @@ def test_store_puts_are_one_batch_held_to_what_they_were_decided_on(any_db, monk
     assert [i.key for i in store.search(("tmp2",))] == ["y"] and ("tmp2",) in store.list_namespaces()
 
 
+def test_a_remote_database_is_refused_up_front():
+    """The adapters' deletes, first puts and fallbacks are transaction() blocks, which a
+    remote database cannot run: refused when made, not on some calls later (found by
+    review once puts became batches that a remote database can send)."""
+    remote = agentstate.connect("http://127.0.0.1:9", token="t" * 40)
+    for make in (AgentStateSaver, AgentStateStore):
+        with pytest.raises(agentstate.UsageError, match="not a remote one"):
+            make(remote)
+
+
 def test_store_search_pages_newest_first_with_filters(db):
     store = AgentStateStore(db)
     for i in range(30):

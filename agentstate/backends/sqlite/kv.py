@@ -177,6 +177,12 @@ def check(c: Conn, kind: str, sid: str, key: str, if_version: int) -> int:
     return current
 
 
+def check_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
+               ) -> list[int]:
+    """A batch of checks only, in one read; the first that fails raises."""
+    return [check(c, kind, sid, key, **kwargs) for _op, kind, sid, key, _args, kwargs in ops]
+
+
 def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                ) -> list[Any]:
     """A batch's ops (op, kind, sid, key, args, kwargs: put, delete, append, check), in

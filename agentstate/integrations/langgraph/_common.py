@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import agentstate
+from agentstate.backends.remote import RemoteOps
 from agentstate.backends.sqlite.store import Store as SqliteStore
 from agentstate.integrations._escape import escape, unescape
 
@@ -263,6 +264,18 @@ def _direct(db: agentstate.Database) -> bool:
         return True
     _here.calls = n + 1
     return False
+
+
+def local(db: agentstate.Database, who: str) -> agentstate.Database:
+    """``db``, if it is a file or a PostgreSQL server: the adapters' deletes, first puts
+    and fallbacks run in ``transaction()``, which cannot span HTTP calls, so a remote
+    database is refused here rather than failing on some calls only."""
+    if isinstance(db._ops, RemoteOps):
+        raise agentstate.UsageError(
+            f"{who} needs a database opened with agentstate.open() (a file or a PostgreSQL "
+            "server), not a remote one: some of its calls are transaction() blocks, which "
+            "cannot span HTTP calls")
+    return db
 
 
 def pool(db: agentstate.Database) -> concurrent.futures.ThreadPoolExecutor:

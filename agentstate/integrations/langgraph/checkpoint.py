@@ -46,7 +46,7 @@ from agentstate._twins import async_twin
 
 from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
-                      keys, on_pool, segment, token, write)
+                      keys, local, on_pool, segment, token, write)
 from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, array,
                       array_header, blob, byte_keys, checkpoints, content_hash, jsonable, matches,
                       names, normal, payload_keys, pending, run_token, segments, thread_token)
@@ -68,7 +68,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         """``cache_bytes``: memory for recently read channel bytes (immutable, so
         always current); 0 turns the cache off."""
         super().__init__(serde=serde)
-        self.db = db
+        self.db = local(db, "AgentStateSaver")
         self._index = db.scope("app", f"{PREFIX}.saver")
         self._cache = BytesCache(cache_bytes) if cache_bytes else None
         # (scope id, base key) -> what a put needs of a stored record as its parent (a

@@ -54,7 +54,7 @@ import agentstate
 from agentstate._batch import BatchScope
 from agentstate._twins import async_twin
 
-from ._common import PAGE, conn_string, digest, esc, get_json, keys, token, unesc
+from ._common import PAGE, conn_string, digest, esc, get_json, keys, local, token, unesc
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class AgentStateStore(BaseStore):
                  index: Any = None) -> None:
         if index is not None:
             raise NotImplementedError("AgentStateStore does not search by embedding (index=)")
-        self.db = db
+        self.db = local(db, "AgentStateStore")
         self.ttl_config = ttl
         self._scope = db.scope("app", "langgraph.store")
         self._sweeper: threading.Thread | None = None
