@@ -204,8 +204,8 @@ def test_a_batch_check_waits_for_a_writer_of_its_key_and_sees_its_commit(db):
 
     w = started(writer)
     assert written.wait(WAIT)
+    start = time.monotonic()  # before the release: the writer commits 0.3 s after it at least
     release.set()
-    start = time.monotonic()
     with db.batch() as b:
         b.scope("app", "a").check("k", if_version=2)
         b.scope("app", "a").put("after", 1)
