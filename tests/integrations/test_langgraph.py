@@ -22,6 +22,8 @@ from langgraph.graph.message import add_messages
 import agentstate
 from agentstate.integrations.langgraph import AgentStateSaver, AgentStateStore
 from agentstate.integrations.langgraph._common import descending, esc, unesc
+
+from ..conftest import target
 from agentstate.integrations.langgraph._layout import names
 
 # -- helpers ---------------------------------------------------------------------------
@@ -728,24 +730,34 @@ def _store_worker(path: str, who: str, barrier: Any) -> None:
         for i in range(40):
             store.put(("shared",), f"{who}{i}", {"who": who, "i": i})
             store.put(("shared",), "both", {"who": who, "i": i})
+            # a namespace emptied and made again by both processes, each on its own item
+            store.put(("churn",), who, {"i": i})
+            if i < 39:
+                store.delete(("churn",), who)
 
 
-def test_store_two_processes_one_namespace(db_path):
+def test_store_two_processes_one_namespace(any_db):
+    """Two processes putting into one namespace (each store with its memory of what it
+    wrote, which the other makes stale) and emptying another one and making it again:
+    every put is there, one recency key per item, and the namespace has its entry."""
+    path = target(any_db)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
-    procs = [ctx.Process(target=_store_worker, args=(db_path, w, barrier)) for w in "ab"]
+    procs = [ctx.Process(target=_store_worker, args=(path, w, barrier)) for w in "ab"]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    with agentstate.open(db_path) as db:
-        store = AgentStateStore(db)
-        found = store.search(("shared",), limit=1000)
-        assert sorted(i.key for i in found) == sorted(["both"] + [f"{w}{i}" for w in "ab" for i in range(40)])
-        assert store.get(("shared",), "both").value["i"] == 39
-        recency = db.scope("app", "langgraph.store").list("u.")
-        assert len(recency) == len(found)  # one index key per item: none lost, none stale
+    store = AgentStateStore(any_db)
+    found = store.search(("shared",), limit=1000)
+    assert sorted(i.key for i in found) == sorted(["both"] + [f"{w}{i}" for w in "ab" for i in range(40)])
+    assert store.get(("shared",), "both").value["i"] == 39
+    churn = store.search(("churn",))
+    assert sorted((i.key, i.value["i"]) for i in churn) == [("a", 39), ("b", 39)]
+    assert ("churn",) in store.list_namespaces()
+    recency = any_db.scope("app", "langgraph.store").list("u.")
+    assert len(recency) == len(found) + len(churn)  # one index key per item: none lost, none stale
 
 
 # -- key encodings -----------------------------------------------------------------------
