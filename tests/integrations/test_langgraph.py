@@ -344,33 +344,32 @@ def _fork_worker(path: str, who: str, parent: str, barrier: Any, out: Any) -> No
         out.put(written)
 
 
-def test_two_processes_extending_one_thread_never_overwrite_each_other(db_path):
+def test_two_processes_extending_one_thread_never_overwrite_each_other(any_db):
     """Two processes fork one thread from the same checkpoint at the same moment,
     with equal channel versions: every checkpoint of both reads back as its writer
     left it (LangGraph's savers key channel bytes by version, so one would read the
-    other's)."""
-    with agentstate.open(db_path) as db:
-        saver = AgentStateSaver(db)
-        root = saver.put(config("shared"), checkpoint(cid(0), {"msgs": [], "base": "B"},
-                                                      {"msgs": 1, "base": 1}), {"step": -1},
-                         {"msgs": 1, "base": 1})["configurable"]["checkpoint_id"]
-        ctx = multiprocessing.get_context("spawn")
-        barrier, out = ctx.Barrier(2), ctx.Queue()
-        procs = [ctx.Process(target=_fork_worker, args=(db_path, w, root, barrier, out))
-                 for w in "ab"]
-        for p in procs:
-            p.start()
-        results = [out.get(timeout=120) for _ in procs]
-        for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
-        for written in results:
-            for c, msgs in written:
-                tup = saver.get_tuple(config("shared", cid=c))
-                assert tup.checkpoint["channel_values"] == {"msgs": msgs, "base": "B"}
-                who = msgs[0][0]
-                assert tup.pending_writes == [("task", "msgs", f"{who}-write-{len(msgs) - 1}")]
-        assert len(list(saver.list(config("shared")))) == 31
+    other's). On both backends: puts as one batch where they can, else a transaction."""
+    saver = AgentStateSaver(any_db)
+    root = saver.put(config("shared"), checkpoint(cid(0), {"msgs": [], "base": "B"},
+                                                  {"msgs": 1, "base": 1}), {"step": -1},
+                     {"msgs": 1, "base": 1})["configurable"]["checkpoint_id"]
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_fork_worker, args=(target(any_db), w, root, barrier, out))
+             for w in "ab"]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    for written in results:
+        for c, msgs in written:
+            tup = saver.get_tuple(config("shared", cid=c))
+            assert tup.checkpoint["channel_values"] == {"msgs": msgs, "base": "B"}
+            who = msgs[0][0]
+            assert tup.pending_writes == [("task", "msgs", f"{who}-write-{len(msgs) - 1}")]
+    assert len(list(saver.list(config("shared")))) == 31
 
 
 def _same_id_worker(path: str, who: str, barrier: Any, out: Any) -> None:
@@ -385,10 +384,11 @@ def _same_id_worker(path: str, who: str, barrier: Any, out: Any) -> None:
             out.put((who, "refused"))
 
 
-def test_two_processes_putting_one_checkpoint_id_one_wins_whole(db_path):
+def test_two_processes_putting_one_checkpoint_id_one_wins_whole(any_db):
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_same_id_worker, args=(db_path, w, barrier, out)) for w in "ab"]
+    procs = [ctx.Process(target=_same_id_worker, args=(target(any_db), w, barrier, out))
+             for w in "ab"]
     for p in procs:
         p.start()
     outcome = dict(out.get(timeout=120) for _ in procs)
@@ -396,10 +396,9 @@ def test_two_processes_putting_one_checkpoint_id_one_wins_whole(db_path):
         p.join(60)
     assert sorted(outcome.values()) == ["refused", "stored"]
     (winner,) = [w for w, o in outcome.items() if o == "stored"]
-    with agentstate.open(db_path) as db:
-        tup = AgentStateSaver(db).get_tuple(config("race"))
-        assert tup.checkpoint["channel_values"] == {"v": winner * 3000}
-        assert tup.metadata["who"] == winner
+    tup = AgentStateSaver(any_db).get_tuple(config("race"))
+    assert tup.checkpoint["channel_values"] == {"v": winner * 3000}
+    assert tup.metadata["who"] == winner
 
 
 # -- async -----------------------------------------------------------------------------
