@@ -69,6 +69,21 @@ def chain(saver, thread, n, *, size=200, start=None, ns="", tag="m", writes=Fals
     return ids
 
 
+def in_two_processes(worker, args_of, wait: float = 120) -> list[Any]:
+    """Run ``worker(*args_of(name, barrier, queue))`` in two spawned processes ("a", "b"),
+    which meet at the barrier; what each put in the queue, once both ended well."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=worker, args=args_of(w, barrier, out)) for w in "ab"]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=wait) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    return results
+
+
 def stored_bytes(db: agentstate.Database, scope: agentstate.Scope) -> int:
     """Bytes of every checkpoint record and channel blob of a thread."""
     total = 0
@@ -353,16 +368,8 @@ def test_two_processes_extending_one_thread_never_overwrite_each_other(any_db):
     root = saver.put(config("shared"), checkpoint(cid(0), {"msgs": [], "base": "B"},
                                                   {"msgs": 1, "base": 1}), {"step": -1},
                      {"msgs": 1, "base": 1})["configurable"]["checkpoint_id"]
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_fork_worker, args=(target(any_db), w, root, barrier, out))
-             for w in "ab"]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = in_two_processes(_fork_worker, lambda w, barrier, out: (target(any_db), w, root,
+                                                                       barrier, out))
     for written in results:
         for c, msgs in written:
             tup = saver.get_tuple(config("shared", cid=c))

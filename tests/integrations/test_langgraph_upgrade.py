@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from agentstate.integrations.langgraph import _upgrade
 from agentstate.integrations.langgraph._layout import is_old
 
 from .langgraph_upgrade_worker import OPS, THREADS, build, config, dump
+from .test_langgraph import in_two_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("langgraph_upgrade_worker.py")
@@ -283,15 +283,7 @@ def _reader(path: str, barrier: Any, out: Any) -> None:
 
 
 def race(path: str, expected: dict[str, Any]) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(path, barrier, out)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=180) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = in_two_processes(_reader, lambda _w, barrier, out: (path, barrier, out), wait=180)
     assert [differences(got, expected) if isinstance(got, dict) else got for got in results] == [[], []]
     with agentstate.open(path) as db:
         assert old_keys(db) == []
