@@ -315,9 +315,10 @@ READING = """## Reading the figures
   to ~0.65x here and the store's search of 10 items from ~0.4x to ~0.75x. What is
   left: the layers above the read (~10 µs), and the record is JSON where
   LangGraph's row is msgpack (decoding a checkpoint's record, ~800 bytes of JSON,
-  takes ~5 µs of ours). The async twins run in a worker thread where
-  AsyncSqliteSaver goes through aiosqlite's queue: `alist` is ahead, `aget_tuple`
-  0.8x-2.5x from one machine to another.
+  takes ~5 µs of ours). On a file `aget_tuple` reads on the loop's own thread (in
+  WAL mode a read never waits for a writer, and it costs less than the hop to a
+  worker thread, ~130 µs here), where AsyncSqliteSaver goes through aiosqlite's
+  queue; `alist` reads its pages in a worker thread.
 - SQLite writes: one fsync each on both sides, and about as many bytes written
   (strace: 615 fdatasyncs and ~6,100 pwrites for 600 checkpoint puts of ours, 616
   and ~6,600 of LangGraph's). The difference is CPU: ~160 µs of the calling

@@ -23,7 +23,7 @@ import agentstate
 from agentstate.integrations.langgraph import AgentStateSaver, AgentStateStore
 from agentstate.integrations.langgraph._common import descending, esc, unesc
 
-from ..conftest import target
+from ..conftest import on_postgres, target
 from agentstate.integrations.langgraph._layout import names
 
 # -- helpers ---------------------------------------------------------------------------
@@ -459,6 +459,51 @@ def test_async_calls_wait_for_the_lock_without_blocking_the_loop(db, db_path, sa
 
     assert asyncio.run(main()) >= 10  # 0.6 s of lock at 10 ms a tick; 0 if the loop were blocked
     holder.join()
+
+
+def test_aget_tuple_reads_a_file_on_the_loop_s_thread(any_db, monkeypatch):
+    """On a file aget_tuple reads on the loop's own thread (a read there costs less
+    than the hop to a worker, and never waits for a writer in WAL mode); on PostgreSQL
+    (round trips) it goes to a worker thread. Either way it gives get_tuple's answer."""
+    saver = AgentStateSaver(any_db)
+    ids = chain(saver, "inline", 3, writes=True)
+    hops = []
+    real = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", lambda fn, *a, **kw: (hops.append(fn), real(fn, *a, **kw))[1])
+
+    async def main():
+        return [await saver.aget_tuple(config("inline")),
+                await saver.aget_tuple(config("inline", "", ids[0])),
+                await saver.aget_tuple(config("none"))]
+
+    got = asyncio.run(main())
+    assert len(hops) == (3 if on_postgres(any_db) else 0)
+    assert got == [saver.get_tuple(config("inline")), saver.get_tuple(config("inline", "", ids[0])),
+                   None]
+    assert got[0].checkpoint["id"] == ids[-1] and got[0].pending_writes
+
+
+def test_aget_tuple_on_a_file_waits_for_no_writer(db, db_path, saver):
+    """A writer holding the file's lock does not hold up aget_tuple on the loop's
+    thread: in WAL mode its read goes on, and sees the last commit."""
+    ids = chain(saver, "held", 2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # until the read is done: a read that waited would wait it out
+        with agentstate.open(db_path) as other, other.transaction():
+            other.scope("app", "holder").put("k", 1)
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    try:
+        tup = asyncio.run(saver.aget_tuple(config("held")))
+    finally:
+        release.set()
+        holder.join()
+    assert tup.checkpoint["id"] == ids[-1]
 
 
 def test_a_cancelled_aput_ends_whole(db_path):

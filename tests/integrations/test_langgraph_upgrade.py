@@ -5,6 +5,7 @@ code (``git archive be4f1f3``), run in its own process by langgraph_upgrade_work
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -126,6 +127,22 @@ def test_a_thread_stored_by_0_2_reads_as_0_2_read_it_then_resumes(stored, tmp_pa
         assert any(k.startswith("u.") for k in keys)
         saver = AgentStateSaver(db)
         assert saver.get_tuple(config("t-1")).checkpoint["channel_values"]["answer"] == "yes"
+        assert differences(dump(saver)["t-2"], stored["dump"]["t-2"]) == []
+
+
+def test_aget_tuple_of_a_0_2_thread_migrates_it_in_a_worker_thread(stored, tmp_path, monkeypatch):
+    """aget_tuple reads a file on the loop's thread, but a thread of 0.2's layout needs
+    migrating (a write): that read goes to a worker thread, and migrates it."""
+    path, _runs = pristine(stored, tmp_path)
+    hops = []
+    real = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", lambda fn, *a, **kw: (hops.append(fn), real(fn, *a, **kw))[1])
+    with agentstate.open(path) as db:
+        saver = AgentStateSaver(db)
+        assert old_keys(db, "t-2")
+        tup = asyncio.run(saver.aget_tuple(config("t-2")))
+        assert len(hops) == 1 and old_keys(db, "t-2") == []
+        assert tup == saver.get_tuple(config("t-2"))
         assert differences(dump(saver)["t-2"], stored["dump"]["t-2"]) == []
 
 

@@ -263,3 +263,43 @@ def matches(metadata: dict[str, Any], filter: dict[str, Any] | None) -> bool:
         if have != want:
             return False
     return True
+
+
+# -- what the saver keeps and merges --------------------------------------------------
+
+
+class Parent:
+    """What a put needs of the parent's stored record: its channel versions and where
+    its channels' bytes are (never handed out), its run, and its version, which the
+    put's transaction checks."""
+
+    __slots__ = ("versions", "channels", "run_id", "version", "other")
+
+    def __init__(self, record: dict[str, Any], version: int) -> None:
+        self.versions = dict(record["checkpoint"]["channel_versions"])
+        self.channels = record["channels"]
+        self.run_id = record["metadata"].get("run_id")
+        self.version = version
+        self.other = record.get("other")
+
+    def blobs(self) -> set[str]:
+        """The bytes keys it points at: kept while it is, so a child may point at them too."""
+        return byte_keys({"channels": self.channels, "other": self.other or {}})
+
+
+def ordered(scope: agentstate.Scope, thread_id: Any, prefix: str, found: Iterator[Found]
+             ) -> Iterator[tuple[str, agentstate.Scope, Any, Found]]:
+    """(order, scope, thread id, checkpoint): the order is the id part of the key, so
+    streams of several threads and namespaces merge newest first."""
+    start = len(prefix)
+    for f in found:
+        yield f.base[start:], scope, thread_id, f
+
+
+def take(it: Iterator[Any], n: int) -> list[Any]:
+    out = []
+    for x in it:
+        out.append(x)
+        if len(out) == n:
+            break
+    return out

@@ -47,9 +47,10 @@ from agentstate._twins import async_twin
 from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
                       keys, local, on_pool, segment, token, write)
-from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, array,
-                      array_header, blob, byte_keys, checkpoints, content_hash, jsonable, matches,
-                      names, normal, payload_keys, pending, run_token, segments, thread_token)
+from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, Parent,
+                      array, array_header, blob, checkpoints, content_hash, jsonable, matches,
+                      names, normal, ordered, payload_keys, pending, run_token, segments, take,
+                      thread_token)
 from ._upgrade import upgrade
 
 PARENTS = 256  # records kept in memory to serve as the parent of the next put
@@ -76,6 +77,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         self._records: OrderedDict[tuple[str, str], Parent] = OrderedDict()
         # (scope id, namespace token) -> rows its newest checkpoint took to read last time
         self._newest_rows: dict[tuple[str, str], int] = {}
+        self._inline = "://" not in db.path  # a file: aget_tuple reads on the loop's thread
 
     @classmethod
     @contextmanager
@@ -353,6 +355,22 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint ``config`` names, or the newest of its thread and namespace;
         None when there is none. One range read: the record with its writes."""
+        return self._get_tuple(config)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async twin of ``get_tuple``. On a file it reads on the loop's own thread: the
+        read costs less than the hop to a worker thread, and in WAL mode a read never
+        waits for a writer. A thread of agentstate 0.2's layout (whose migration is a
+        write) and every read of a PostgreSQL store (round trips) go to a worker thread."""
+        if self._inline:
+            try:
+                return self._get_tuple(config, migrate=False)
+            except OldLayout:
+                pass
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    def _get_tuple(self, config: RunnableConfig, migrate: bool = True) -> CheckpointTuple | None:
+        """``get_tuple``; without ``migrate`` a thread of 0.2's layout raises OldLayout."""
         conf = config["configurable"]
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         scope = self._scope(thread_id)
@@ -374,6 +392,8 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                     if found is not None:
                         self._newest_rows[newest] = 1 if found.writes is None else 2
             except OldLayout:
+                if not migrate:
+                    raise
                 upgrade(self.db, scope)
                 continue
             if found is None:
@@ -448,7 +468,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
             if cid:
                 if before_id is None or descending(cid) > descending(before_id):
                     s, base = names(conf.get("checkpoint_ns", ""), cid)
-                    streams.append(_ordered(scope, thread_id, f"c.{s}.",
+                    streams.append(ordered(scope, thread_id, f"c.{s}.",
                                             checkpoints(scope, base + ".", None, 2)))
                 continue
             if conf.get("checkpoint_ns") is not None:  # None or absent: every namespace
@@ -459,7 +479,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 # after the checkpoint named by before (its writes and record sort first)
                 start = f"c.{s}.{descending(before_id, MAX_ID_BYTES)}.r" if before_id else None
                 start = f"c.{s}.{resume}" if resume else start  # resume: past before
-                streams.append(_ordered(scope, thread_id, f"c.{s}.",
+                streams.append(ordered(scope, thread_id, f"c.{s}.",
                                         checkpoints(scope, f"c.{s}.", start, first)))
         return heapq.merge(*streams, key=lambda x: x[0])
 
@@ -563,7 +583,6 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
 
     aput = async_twin(put)
     aput_writes = async_twin(put_writes)
-    aget_tuple = async_twin(get_tuple)
     adelete_thread = async_twin(delete_thread)
     adelete_for_runs = async_twin(delete_for_runs)
     acopy_thread = async_twin(copy_thread)
@@ -581,48 +600,11 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         it = self.list(config, filter=filter, before=before, limit=limit)
         page = limit if limit is not None and limit <= 50 else 20
         while True:
-            got = await asyncio.to_thread(_take, it, page)
+            got = await asyncio.to_thread(take, it, page)
             for tup in got:
                 yield tup
             if len(got) < page:
                 return
-
-
-class Parent:
-    """What a put needs of the parent's stored record: its channel versions and where
-    its channels' bytes are (never handed out), its run, and its version, which the
-    put's transaction checks."""
-
-    __slots__ = ("versions", "channels", "run_id", "version", "other")
-
-    def __init__(self, record: dict[str, Any], version: int) -> None:
-        self.versions = dict(record["checkpoint"]["channel_versions"])
-        self.channels = record["channels"]
-        self.run_id = record["metadata"].get("run_id")
-        self.version = version
-        self.other = record.get("other")
-
-    def blobs(self) -> set[str]:
-        """The bytes keys it points at: kept while it is, so a child may point at them too."""
-        return byte_keys({"channels": self.channels, "other": self.other or {}})
-
-
-def _ordered(scope: agentstate.Scope, thread_id: Any, prefix: str, found: Iterator[Found]
-             ) -> Iterator[tuple[str, agentstate.Scope, Any, Found]]:
-    """(order, scope, thread id, checkpoint): the order is the id part of the key, so
-    streams of several threads and namespaces merge newest first."""
-    start = len(prefix)
-    for f in found:
-        yield f.base[start:], scope, thread_id, f
-
-
-def _take(it: Iterator[Any], n: int) -> list[Any]:
-    out = []
-    for x in it:
-        out.append(x)
-        if len(out) == n:
-            break
-    return out
 
 
 __all__ = ["AgentStateSaver"]
