@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
 from .._grants import RUNS, Rule
-from ..errors import Busy, CursorExpired, UsageError
+from ..errors import Busy, CursorExpired, UsageError, VersionConflict
 
 Row = tuple[Any, ...]  # a repository's row: its columns in the order the repository names
 T = TypeVar("T")
@@ -479,6 +479,26 @@ class Store(Protocol):
         ...
 
     def query(self, sql: str, args: Any = ...) -> list[Row]: ...
+
+
+def conflict(what: str, expected: int, current: int) -> VersionConflict:
+    """The refusal of a compare-and-set: ``what`` (e.g. "put app:a k") was to find the
+    key at ``expected`` (PostgreSQL's functions raise the same text on the server)."""
+    return VersionConflict(
+        f"{what}: expected version {expected}, the current version is {current}", current)
+
+
+def checked(ops: list[Batched], found: dict[int, int]) -> list[int]:
+    """The results of a batch of checks only, from ``found`` (the live version of the
+    key of each op, by its position from 1; absent: not there): the first op whose key
+    is not at its ``if_version`` raises."""
+    out = []
+    for i, (_op, kind, sid, key, _args, kwargs) in enumerate(ops, 1):
+        current = found.get(i, 0)
+        if current != kwargs["if_version"]:
+            raise conflict(f"check {kind}:{sid} {key}", kwargs["if_version"], current)
+        out.append(current)
+    return out
 
 
 class KVRepo(Protocol):

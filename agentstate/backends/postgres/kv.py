@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import VersionConflict
-from ..base import KEEP
+from ..base import KEEP, checked
 from .statements import TXN, Conn, inline
 
 Row = tuple[Any, ...]
@@ -123,15 +122,20 @@ def append(c: Conn, kind: str, sid: str, key: str, items: list[str], items_size:
 # key lock may have been a creator's, whose row the first statement did not see), refused
 # on the server (so that the rest of its round trip is undone) unless it is the one
 # expected. Two statements.
-_CHECK = (_READ_LOCK + "; SELECT v, CASE WHEN v <> %s THEN agentstate_error('VersionConflict', "
-          "format('check %%s:%%s %%s: expected version %%s, the current version is %%s', "
-          "%s::text, %s::text, %s::text, %s::bigint, v), v::text)::text END "
-          "FROM (SELECT coalesce((SELECT version FROM kv WHERE kind = %s AND scope_id = %s "
-          f"AND key = %s AND {_LIVE_LOCKED} FOR UPDATE), 0) AS v) AS found")
+_CHECK_READ = ("SELECT v, CASE WHEN v <> %s THEN agentstate_error('VersionConflict', "
+               "format('check %%s:%%s %%s: expected version %%s, the current version is %%s', "
+               "%s::text, %s::text, %s::text, %s::bigint, v), v::text)::text END "
+               "FROM (SELECT coalesce((SELECT version FROM kv WHERE kind = %s AND scope_id = %s "
+               f"AND key = %s AND {_LIVE_LOCKED} FOR UPDATE), 0) AS v) AS found")
+_CHECK = _READ_LOCK + "; " + _CHECK_READ
+
+
+def _check_read_args(kind: str, sid: str, key: str, if_version: int) -> tuple[Any, ...]:
+    return (if_version, kind, sid, key, if_version, kind, sid, key)
 
 
 def _check_args(kind: str, sid: str, key: str, if_version: int) -> tuple[Any, ...]:
-    return (kind, sid, key, if_version, kind, sid, key, if_version, kind, sid, key)
+    return (kind, sid, key, *_check_read_args(kind, sid, key, if_version))
 
 
 def _checked(cur: Any) -> int:
@@ -142,9 +146,8 @@ def _checked(cur: Any) -> int:
 def check(c: Conn, kind: str, sid: str, key: str, if_version: int) -> int:
     """A batch's check: ``VersionConflict`` unless the key is at ``if_version`` (0:
     absent); the key stays locked until the transaction ends. Its version."""
-    lock, read = _CHECK.split("; ", 1)
-    c.execute(lock, (kind, sid, key))
-    return c.execute(read, _check_args(kind, sid, key, if_version)[3:]).fetchone()[0]
+    c.execute(_READ_LOCK, (kind, sid, key))
+    return c.execute(_CHECK_READ, _check_read_args(kind, sid, key, if_version)).fetchone()[0]
 
 
 def check_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
@@ -154,19 +157,11 @@ def check_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dic
     checks (locked until it ends). The first that fails raises ``VersionConflict``."""
     if c.mode is TXN:
         return write_many(c, ops)
-    found = dict(c.execute(
+    return checked(ops, dict(c.execute(
         f"""SELECT u.ord, kv.version FROM unnest(%s::text[], %s::text[], %s::text[])
                    WITH ORDINALITY AS u(kind, sid, key, ord)
             JOIN kv ON kv.kind = u.kind AND kv.scope_id = u.sid AND kv.key = u.key AND {_LIVE}""",
-        ([op[1] for op in ops], [op[2] for op in ops], [op[3] for op in ops])).fetchall())
-    out = []
-    for i, (_op, kind, sid, key, _args, kwargs) in enumerate(ops, 1):
-        current, expected = found.get(i, 0), kwargs["if_version"]
-        if current != expected:
-            raise VersionConflict(f"check {kind}:{sid} {key}: expected version {expected}, "
-                                  f"the current version is {current}", current)
-        out.append(current)
-    return out
+        ([op[1] for op in ops], [op[2] for op in ops], [op[3] for op in ops])).fetchall()))
 
 
 # A batch's ops: (statement, its arguments, its result from the cursor) by op.

@@ -19,8 +19,8 @@ from typing import Any
 
 
 from ..._encoding import MAX_VALUE
-from ...errors import NotAList, TooLarge, VersionConflict
-from ..base import Conn, KEEP, now_iso
+from ...errors import NotAList, TooLarge
+from ..base import Conn, KEEP, checked, conflict, now_iso
 from . import feed
 
 Row = tuple[Any, ...]
@@ -71,12 +71,6 @@ _ADD_ITEMS = "INSERT INTO list_item (list_id, idx, item) VALUES (?, ?, ?)"
 _DROP_ITEMS = "DELETE FROM list_item WHERE list_id = ?"
 _FORGET = """INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (?, ?, ?, ?)
              ON CONFLICT DO UPDATE SET version = excluded.version"""
-
-
-def _conflict(what: str, expected: int, current: int) -> VersionConflict:
-    return VersionConflict(
-        f"{what}: expected version {expected}, the current version is {current}", current
-    )
 
 
 def _remove(c: Conn, kind: str, sid: str, key: str, version: int,
@@ -173,14 +167,23 @@ def check(c: Conn, kind: str, sid: str, key: str, if_version: int) -> int:
     row = c.execute(_VERSION, (kind, sid, key, time.time())).fetchone()
     current = row[0] if row else 0
     if current != if_version:
-        raise _conflict(f"check {kind}:{sid} {key}", if_version, current)
+        raise conflict(f"check {kind}:{sid} {key}", if_version, current)
     return current
+
+
+# The live versions of a batch's keys, by position from 1: one statement, so one state.
+_VERSIONS = """SELECT j.key + 1, kv.version FROM json_each(?1) AS j
+               JOIN kv ON kv.kind = json_extract(j.value, '$[0]')
+                      AND kv.scope_id = json_extract(j.value, '$[1]')
+                      AND kv.key = json_extract(j.value, '$[2]')
+                      AND (kv.expires_at IS NULL OR kv.expires_at > ?2)"""
 
 
 def check_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                ) -> list[int]:
-    """A batch of checks only, in one read; the first that fails raises."""
-    return [check(c, kind, sid, key, **kwargs) for _op, kind, sid, key, _args, kwargs in ops]
+    """A batch of checks only, in one statement; the first that fails raises."""
+    keys = json.dumps([[kind, sid, key] for _op, kind, sid, key, _args, _kw in ops])
+    return checked(ops, dict(c.execute(_VERSIONS, (keys, time.time())).fetchall()))
 
 
 def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
@@ -244,7 +247,7 @@ def put(
     row = _settle(c, kind, sid, key, now)
     current = row[0] if row else 0
     if if_version is not None and if_version != current:
-        raise _conflict(f"put {kind}:{sid} {key}", if_version, current)
+        raise conflict(f"put {kind}:{sid} {key}", if_version, current)
     list_id = row[2] if row else None
     if list_id is not None:
         c.execute(_DROP_ITEMS, (list_id,))
@@ -271,7 +274,7 @@ def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bo
     row = _settle(c, kind, sid, key, time.time())
     current = row[0] if row else 0
     if if_version is not None and if_version != current:
-        raise _conflict(f"delete {kind}:{sid} {key}", if_version, current)
+        raise conflict(f"delete {kind}:{sid} {key}", if_version, current)
     if row is None:
         return False
     _remove(c, kind, sid, key, current, row[2], "delete")

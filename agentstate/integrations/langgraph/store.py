@@ -217,7 +217,7 @@ class AgentStateStore(BaseStore):
         return joined if len(joined) <= 100 else "_h" + digest(".".join(namespace))
 
     def _item_key(self, namespace: tuple[str, ...], key: str) -> str:
-        return f"i.{self._ns_token(namespace)}:{token(key, 60)}"
+        return _item_key_in(self._ns_token(namespace), key)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -327,7 +327,7 @@ class AgentStateStore(BaseStore):
     def _keys(self, op: PutOp) -> tuple[str, str]:
         """The keys of a put's item and of its namespace's entry."""
         n = self._ns_token(tuple(op.namespace))
-        return f"i.{n}:{token(op.key, 60)}", f"n.{n}"
+        return _item_key_in(n, op.key), f"n.{n}"
 
     def _put(self, op: PutOp, now: float, w: BatchScope, added: set[str], emptied: set[str],
              seen: dict[str, agentstate.Versioned],
@@ -338,7 +338,7 @@ class AgentStateStore(BaseStore):
         the item written (its times and index keys)."""
         ns = tuple(op.namespace)
         n = self._ns_token(ns)
-        key = f"i.{n}:{token(op.key, 60)}"
+        key = _item_key_in(n, op.key)
         old, version = seen[key]
         if old is not None:
             self._unindex(n, key, old, w)
@@ -474,6 +474,11 @@ class AgentStateStore(BaseStore):
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+
+def _item_key_in(n: str, key: str) -> str:
+    """The key of item ``key`` in the namespace whose token is ``n``."""
+    return f"i.{n}:{token(key, 60)}"
 
 
 def _stamp(t: float) -> str:
