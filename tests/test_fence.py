@@ -51,12 +51,19 @@ def every_write(db, sid: str, fence):
         "scope": lambda: db.scope("session", sid, fence=fence).put("k", "stale"),
         "state": lambda: db.state(session=sid, fence=fence).session.append("log", [1]),
         "batch": lambda: _batch(db, sid, fence),
+        "batch of checks": lambda: _checks(db, sid, fence),
     }
 
 
 def _batch(db, sid, fence):
     with db.batch(fence=fence) as b:
         b.scope("session", sid).put("k", "stale")
+
+
+def _checks(db, sid, fence):
+    """Writes nothing, but is fenced all the same: a lapsed lease is LeaseLost."""
+    with db.batch(fence=fence) as b:
+        b.scope("session", sid).check("absent", if_version=0)
 
 
 def seed(db, sid):

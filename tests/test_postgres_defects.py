@@ -237,6 +237,43 @@ def test_a_block_past_its_key_locks_still_loses_no_update(db, admin, other):
     assert s.get("ctr") == 2
 
 
+def test_a_fenced_batch_of_checks_only_takes_no_lock(db, admin):
+    """A fenced batch that only checks writes nothing: like an unfenced one it locks no
+    key (nor, past the key-lock limit, the key table), so a token that may only read,
+    with a turn of its own session, cannot hold writers up with it. (Found by review:
+    it took the write path's locks and waited here for the block.)"""
+    alice = agentstate.Principal("alice")
+    turn = db.sessions.start_turn(db.sessions.create(alice).id, alice)
+    s = db.scope("app", "a")
+    s.put("k", "v")
+    held, release = threading.Event(), threading.Event()
+
+    def block():  # holds the key's row until released
+        with db.transaction():
+            s.put("k", "uncommitted")
+            held.set()
+            assert release.wait(WAIT)
+
+    def checks():
+        with db.batch(fence=turn) as b:
+            b.scope("app", "a").check("k", if_version=1)
+            for i in range(300):
+                b.scope("app", "a").check(f"absent{i}", if_version=0)
+        return b.results
+
+    writer = started(block)
+    assert held.wait(WAIT)
+    w = started(checks)
+    wait_blocked(admin, 1, w)
+    try:
+        assert not w.is_alive(), "the checks waited for a lock"
+        assert w.join_ok() == [1] + [0] * 300
+    finally:
+        release.set()
+        writer.join_ok()
+    assert s.get_versioned("k") == ("uncommitted", 2)
+
+
 def _count_in_blocks(url: str, rounds: int, start) -> None:
     db = agentstate.open(url, busy_timeout=WAIT)
     s = db.scope("app", "a")

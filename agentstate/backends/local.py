@@ -89,10 +89,11 @@ class LocalOps:
 
     def apply_batch(self, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                     ) -> list[Any]:
-        if self._fence is None and all(op[0] == "check" for op in ops):
+        if all(op[0] == "check" for op in ops):
             # Writes nothing: one read, which locks nothing outside a block (inside one it
-            # locks what it checks, as the block's reads do).
-            return self._read(self.kv.check_many, ops)
+            # locks what it checks, as the block's reads do). Fenced, the read rides with
+            # the fence's check in a write of its own, which locks no key either.
+            return (self._read if self._fence is None else self._write)(self.kv.check_many, ops)
         return self._write(self.kv.write_many, ops)  # one write (PostgreSQL: one round trip)
 
     def fenced(self, turn_id: str, owner: str | None = None) -> LocalOps:
