@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import jsonschema
 import pytest
 
 from agentstate.server import create_app
@@ -59,6 +60,33 @@ def test_a_batch_op_without_its_value_is_refused(api, op):
     assert digest(db) == before
     r = client("bob").put("/v1/scopes/app/a/keys/k", json={"if_version": 0})
     assert r.status_code == 400 and err(r)["code"] == "invalid_value"
+
+
+@pytest.mark.parametrize("op, ok", [
+    ({"op": "put", "scope": "app:a", "key": "k", "value": None}, True),
+    ({"op": "put", "scope": "app:a", "key": "k"}, False),
+    ({"op": "put", "scope": "app:a", "key": "k", "value": 1, "items": [1]}, False),
+    ({"op": "append", "scope": "app:a", "key": "k", "items": [1], "ttl": 5}, True),
+    ({"op": "append", "scope": "app:a", "key": "k"}, False),
+    ({"op": "append", "scope": "app:a", "key": "k", "items": [1], "if_version": 1}, False),
+    ({"op": "delete", "scope": "app:a", "key": "k", "if_version": 0}, True),
+    ({"op": "delete", "scope": "app:a", "key": "k", "ttl": 5}, False),
+    ({"op": "check", "scope": "app:a", "key": "k", "if_version": 0}, True),
+    ({"op": "check", "scope": "app:a", "key": "k"}, False),
+    ({"op": "check", "scope": "app:a", "key": "k", "if_version": None}, False),
+    ({"op": "check", "scope": "app:a", "key": "k", "if_version": 0, "value": 1}, False),
+])
+def test_the_document_says_which_fields_each_batch_op_takes(api, op, ok):
+    """The OpenAPI document states each op's own fields in its structure (a check needs
+    an integer if_version, a put a value, ...), so a client generated from it, or a
+    fuzzer, agrees with the server on what is refused. (It said so in prose only.)"""
+    client, db, tok, app = api
+    doc = client().get("/openapi.json").json()
+    body = doc["paths"]["/v1/batch"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    errors = list(jsonschema.Draft202012Validator(body["$defs"]["BatchOp"]).iter_errors(op))
+    assert (not errors) == ok, errors
+    r = client().post("/v1/batch", json={"ops": [op]})
+    assert (r.status_code == 200) == ok, r.text
 
 
 def test_an_explicit_null_is_a_value_in_both_places(api):

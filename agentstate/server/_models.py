@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from ._http import Body
 
@@ -35,6 +35,19 @@ class BatchOp(Body):
     """One op; each takes its own fields only. As for PUT of a key, a missing ``value`` is
     refused and an explicit null is a value (so ``value`` cannot default to None here).
     A ``check`` writes nothing: the batch applies only if its key is at ``if_version``."""
+
+    # What the validator below enforces, said in the OpenAPI document too, so that a
+    # client generated from it (or a fuzzer) knows each op's own fields.
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"properties": {"op": {"const": op}}},
+         "then": {"required": needs, "properties": {
+             **{name: False for name in takes_not},
+             **({"if_version": {"type": "integer"}} if op == "check" else {})}}}
+        for op, needs, takes_not in (
+            ("put", ["value"], ["items"]),
+            ("delete", [], ["value", "items", "ttl"]),
+            ("append", ["items"], ["value", "if_version"]),
+            ("check", ["if_version"], ["value", "items", "ttl"]))]})
 
     op: Literal["put", "delete", "append", "check"]
     scope: str
