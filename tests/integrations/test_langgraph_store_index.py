@@ -1,0 +1,68 @@
+"""The LangGraph store's own index stays exact under any mix of calls from two stores:
+puts with and without a TTL, deletes, items left to expire, sweeps and searches."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import agentstate
+from agentstate.integrations.langgraph import AgentStateStore
+from agentstate.integrations.langgraph.store import _stamp
+
+OPS = st.lists(st.tuples(
+    st.integers(0, 1),  # which store
+    st.sampled_from(["put", "put_ttl", "delete", "sweep", "search", "wait"]),
+    st.sampled_from([("a",), ("a", "b"), ("c",)]),
+    st.sampled_from(["k", "l", "m"]),
+    st.sampled_from([0.0002, 0.001, 10.0]),  # TTL minutes: 12 ms, 60 ms, 10 min
+), min_size=1, max_size=40)
+
+
+def exact_index(scope: agentstate.Scope) -> None:
+    """Every stored item has one recency key and, with an expiry, one expiry key, both
+    naming its current stamps; no other index key; a namespace entry exactly for the
+    namespaces that hold an item (one that expired counts until a sweep removes it)."""
+    keys = scope.list("")
+    items = {k: scope.get(k) for k in keys if k.startswith("i.")}
+    recency, expiry, spaces = set(), set(), set()
+    for k, item in items.items():
+        n = k[2:k.index(":")]
+        recency.add(f"u.{n}:{item['r']}.{k[len(n) + 3:]}")
+        if item["expires_at"] is not None:
+            expiry.add(f"x.{_stamp(item['expires_at'])}.{k[2:]}")
+        spaces.add(f"n.{n}")
+    assert {k for k in keys if k.startswith("u.")} == recency
+    assert {k for k in keys if k.startswith("x.")} == expiry
+    assert {k for k in keys if k.startswith("n.")} == spaces
+
+
+@settings(max_examples=40, deadline=None)
+@given(OPS)
+def test_the_store_s_index_stays_exact(ops):
+    db = agentstate.open(os.path.join(tempfile.mkdtemp(), "store.db"))
+    try:
+        stores = [AgentStateStore(db), AgentStateStore(db)]
+        scope = db.scope("app", "langgraph.store")
+        for step, (which, op, ns, key, ttl) in enumerate(ops):
+            store = stores[which]
+            if op == "put":
+                store.put(ns, key, {"step": step})
+            elif op == "put_ttl":
+                store.put(ns, key, {"step": step}, ttl=ttl)
+            elif op == "delete":
+                store.delete(ns, key)
+            elif op == "sweep":
+                store.sweep_ttl()
+            elif op == "search":
+                found = store.search(ns[:1], limit=10)
+                assert len({(i.namespace, i.key) for i in found}) == len(found)
+            else:
+                time.sleep(0.015)
+            exact_index(scope)
+    finally:
+        db.close()
