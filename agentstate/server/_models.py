@@ -31,23 +31,34 @@ class TouchBody(Body):
     ttl: float | int | None = None
 
 
+# Each batch op's required field and the fields it takes besides op, scope and key: the
+# validator below enforces them, and the OpenAPI document states them (_op_fields), so
+# that a client generated from it, or a fuzzer, agrees with the server.
+_OP_FIELDS: dict[str, tuple[str | None, frozenset[str]]] = {
+    "put": ("value", frozenset({"value", "if_version", "ttl"})),
+    "delete": (None, frozenset({"if_version"})),
+    "append": ("items", frozenset({"items", "ttl"})),
+    "check": ("if_version", frozenset({"if_version"})),
+}
+
+
+def _op_fields(schema: dict[str, Any]) -> None:
+    schema["allOf"] = [
+        {"if": {"properties": {"op": {"const": op}}},
+         "then": {"required": [needs] if needs else [],
+                  "properties": {**{name: False for name in ("value", "items", "if_version", "ttl")
+                                    if name not in takes},
+                                 # null is refused too (by BatchScope.check)
+                                 **({"if_version": {"type": "integer"}} if op == "check" else {})}}}
+        for op, (needs, takes) in _OP_FIELDS.items()]
+
+
 class BatchOp(Body):
     """One op; each takes its own fields only. As for PUT of a key, a missing ``value`` is
     refused and an explicit null is a value (so ``value`` cannot default to None here).
     A ``check`` writes nothing: the batch applies only if its key is at ``if_version``."""
 
-    # What the validator below enforces, said in the OpenAPI document too, so that a
-    # client generated from it (or a fuzzer) knows each op's own fields.
-    model_config = ConfigDict(json_schema_extra={"allOf": [
-        {"if": {"properties": {"op": {"const": op}}},
-         "then": {"required": needs, "properties": {
-             **{name: False for name in takes_not},
-             **({"if_version": {"type": "integer"}} if op == "check" else {})}}}
-        for op, needs, takes_not in (
-            ("put", ["value"], ["items"]),
-            ("delete", [], ["value", "items", "ttl"]),
-            ("append", ["items"], ["value", "if_version"]),
-            ("check", ["if_version"], ["value", "items", "ttl"]))]})
+    model_config = ConfigDict(json_schema_extra=_op_fields)
 
     op: Literal["put", "delete", "append", "check"]
     scope: str
@@ -60,11 +71,9 @@ class BatchOp(Body):
     @model_validator(mode="after")
     def _fields_of_its_op(self) -> BatchOp:
         given = self.model_fields_set
-        needs = {"put": "value", "append": "items", "check": "if_version"}.get(self.op)
+        needs, takes = _OP_FIELDS[self.op]
         if needs is not None and needs not in given:
             raise ValueError(f"a {self.op} needs {needs!r} (null is a value; a missing one is not)")
-        takes = {"put": {"value", "if_version", "ttl"}, "append": {"items", "ttl"},
-                 "delete": {"if_version"}, "check": {"if_version"}}[self.op]
         extra = sorted(given - takes - {"op", "scope", "key"})
         if extra:
             raise ValueError(f"a {self.op} takes no {', '.join(extra)}")
