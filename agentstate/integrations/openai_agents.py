@@ -65,6 +65,7 @@ from agents.memory.session_settings import (SessionSettings, coerce_session_sett
 import agentstate
 from agentstate import (Closed, Damaged, InvalidKey, InvalidValue, NotAList, SchemaTooNew,
                         TooLarge)
+from agentstate.integrations import on_a_file
 from agentstate.integrations._escape import escape, unescape
 
 __all__ = ["AgentStateSession", "SessionClosed", "scope_id", "session_id_of"]
@@ -243,7 +244,7 @@ class AgentStateSession(SessionABC):
         # This object has seen the session in layout 2 (or made it so): its adds may
         # append to c.tail without reading meta first.
         self._ready = False
-        self._inline = "://" not in db.path  # a file: reads run on the caller's thread
+        self._inline = on_a_file(db)  # reads run on the caller's thread
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.session_id!r} in {self.db.path!r}>"

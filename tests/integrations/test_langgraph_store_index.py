@@ -44,25 +44,30 @@ def exact_index(scope: agentstate.Scope) -> None:
 @settings(max_examples=40, deadline=None)
 @given(OPS)
 def test_the_store_s_index_stays_exact(ops):
-    db = agentstate.open(os.path.join(tempfile.mkdtemp(), "store.db"))
-    try:
-        stores = [AgentStateStore(db), AgentStateStore(db)]
-        scope = db.scope("app", "langgraph.store")
-        for step, (which, op, ns, key, ttl) in enumerate(ops):
-            store = stores[which]
-            if op == "put":
-                store.put(ns, key, {"step": step})
-            elif op == "put_ttl":
-                store.put(ns, key, {"step": step}, ttl=ttl)
-            elif op == "delete":
-                store.delete(ns, key)
-            elif op == "sweep":
-                store.sweep_ttl()
-            elif op == "search":
-                found = store.search(ns[:1], limit=10)
-                assert len({(i.namespace, i.key) for i in found}) == len(found)
-            else:
-                time.sleep(0.015)
-            exact_index(scope)
-    finally:
-        db.close()
+    with tempfile.TemporaryDirectory() as folder:
+        db = agentstate.open(os.path.join(folder, "store.db"))
+        try:
+            _run(db, ops)
+        finally:
+            db.close()
+
+
+def _run(db, ops):
+    stores = [AgentStateStore(db), AgentStateStore(db)]
+    scope = db.scope("app", "langgraph.store")
+    for step, (which, op, ns, key, ttl) in enumerate(ops):
+        store = stores[which]
+        if op == "put":
+            store.put(ns, key, {"step": step})
+        elif op == "put_ttl":
+            store.put(ns, key, {"step": step}, ttl=ttl)
+        elif op == "delete":
+            store.delete(ns, key)
+        elif op == "sweep":
+            store.sweep_ttl()
+        elif op == "search":
+            found = store.search(ns[:1], limit=10)
+            assert len({(i.namespace, i.key) for i in found}) == len(found)
+        else:
+            time.sleep(0.015)
+        exact_index(scope)

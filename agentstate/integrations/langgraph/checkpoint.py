@@ -43,6 +43,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 import agentstate
 from agentstate._twins import async_twin
+from agentstate.integrations import on_a_file
 
 from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
@@ -77,7 +78,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         self._records: OrderedDict[tuple[str, str], Parent] = OrderedDict()
         # (scope id, namespace token) -> rows its newest checkpoint took to read last time
         self._newest_rows: dict[tuple[str, str], int] = {}
-        self._inline = "://" not in db.path  # a file: aget_tuple reads on the loop's thread
+        self._inline = on_a_file(db)  # aget_tuple reads on the loop's thread
 
     @classmethod
     @contextmanager
