@@ -41,7 +41,7 @@ from .errors import (
     VersionConflict,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "AgentStateError",

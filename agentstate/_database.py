@@ -315,7 +315,7 @@ def _open_server(url: str, durability: str, busy_timeout: float) -> Database:
         from .backends import postgres
     except ImportError as e:
         raise UsageError(
-            "a postgresql:// URL needs the postgres extra: pip install 'agentstate[postgres]' "
+            "a postgresql:// URL needs the postgres extra: pip install 'agentstate-db[postgres]' "
             f"({e})") from None
     return Database(postgres.connect(url, options.durability, options.busy_timeout))
 

@@ -18,7 +18,7 @@ by passing a path or a URL):
   ``postgresql://`` store; ADK ``DatabaseSessionService`` on
   ``postgresql+psycopg://`` (SQLAlchemy's async engine on psycopg 3).
 
-SQLAlchemy comes with ``pip install 'agentstate[bench]'``; without it its
+SQLAlchemy comes with ``pip install 'agentstate-db[bench]'``; without it its
 columns say not installed.
 
 1. Operations. One session per system grows to each history length by

@@ -26,7 +26,7 @@ def missing_sqlalchemy() -> str | None:
         import greenlet  # noqa: F401  (SQLAlchemy's async engine needs it)
         import sqlalchemy  # noqa: F401
     except ImportError:
-        return "not installed (pip install 'agentstate[bench]')"
+        return "not installed (pip install 'agentstate-db[bench]')"
     return None
 
 

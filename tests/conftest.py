@@ -63,7 +63,7 @@ def pg_admin_url():
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
     except ImportError:
-        pg_unavailable("psycopg is not installed (pip install 'agentstate[postgres]')")
+        pg_unavailable("psycopg is not installed (pip install 'agentstate-db[postgres]')")
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
         return

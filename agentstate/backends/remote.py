@@ -577,5 +577,5 @@ def connect(url: str, token: str | None = None, *, timeout: float = 30.0) -> Any
     try:
         ops = RemoteOps(url, token, timeout)
     except ImportError as e:
-        raise E.UsageError(f"connect() needs the server extra: pip install 'agentstate[server]' ({e})") from None
+        raise E.UsageError(f"connect() needs the server extra: pip install 'agentstate-db[server]' ({e})") from None
     return Database(ops)

@@ -24,7 +24,7 @@ def serve(obj: Ctx, host: str, port: int) -> None:
 
         from ..server import create_app
     except ImportError as e:
-        fail("usage_error", f"serve needs the server extra: pip install 'agentstate[server]' ({e})")
+        fail("usage_error", f"serve needs the server extra: pip install 'agentstate-db[server]' ({e})")
     db = obj.open(create=True)
     token = db.tokens.create_first_admin("admin")  # one, whatever other servers start now
     if token is not None:

@@ -2,7 +2,7 @@
 
 Each lives in its own module behind an optional extra, so the embedded store
 keeps its three dependencies: ``agentstate.integrations.openai_agents``
-(``pip install 'agentstate[openai-agents]'``), and so on.
+(``pip install 'agentstate-db[openai-agents]'``), and so on.
 """
 
 from __future__ import annotations

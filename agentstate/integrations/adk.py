@@ -1,4 +1,4 @@
-"""Google ADK sessions in agentstate: ``pip install 'agentstate[adk]'``.
+"""Google ADK sessions in agentstate: ``pip install 'agentstate-db[adk]'``.
 
     from agentstate.integrations.adk import AgentStateSessionService
     runner = Runner(agent=agent, app_name="app",
@@ -60,7 +60,7 @@ try:
     from google.adk.sessions.state import State
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "agentstate.integrations.adk needs Google ADK: pip install 'agentstate[adk]'") from e
+        "agentstate.integrations.adk needs Google ADK: pip install 'agentstate-db[adk]'") from e
 
 from pydantic import BaseModel, ConfigDict, Json, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python

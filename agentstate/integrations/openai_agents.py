@@ -1,6 +1,6 @@
 """openai-agents sessions kept in agentstate: ``AgentStateSession``.
 
-The one-line switch (``pip install 'agentstate[openai-agents]'``)::
+The one-line switch (``pip install 'agentstate-db[openai-agents]'``)::
 
     session = SQLiteSession("user-42", "agent.db")                     # before
     session = AgentStateSession("user-42", db_path="agent.db")         # after

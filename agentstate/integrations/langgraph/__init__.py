@@ -1,4 +1,4 @@
-"""LangGraph on agentstate: ``pip install 'agentstate[langgraph]'``.
+"""LangGraph on agentstate: ``pip install 'agentstate-db[langgraph]'``.
 
 ``AgentStateSaver(db)`` is a checkpointer (where ``SqliteSaver`` stood) and
 ``AgentStateStore(db)`` a long-term memory store (where ``SqliteStore`` stood);
