@@ -94,6 +94,18 @@ CREATE INDEX run_entry_call
 ON run_entry (run_id, CASE WHEN json_valid(entry) THEN json_extract(entry, '$.call_id') END)
 WHERE CASE WHEN json_valid(entry) THEN json_extract(entry, '$.type') END IN ('tool_call', 'tool_result');
 
+-- The newest tool_call or tool_result entry of each call id (a string) that trim()
+-- took out of a run's history: a call's claim and outcome outlive a trim (SPEC §16),
+-- so once() after a trim never runs the call again. once() looks here when the
+-- entries kept no longer hold the call.
+CREATE TABLE run_call (
+    run_id  TEXT    NOT NULL REFERENCES run (id) ON DELETE CASCADE,
+    call_id TEXT    NOT NULL,
+    seq     INTEGER NOT NULL,
+    entry   TEXT    NOT NULL,  -- the entry as it was stored
+    PRIMARY KEY (run_id, call_id)
+) STRICT, WITHOUT ROWID;
+
 -- No gap, whoever writes: an entry needs its predecessor, except the first
 -- one kept (seq first_seq: 0, or where trim() cut the history).
 -- (write() also keeps run.next_seq, and check() verifies the two agree.)
@@ -235,4 +247,4 @@ WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
 CREATE VIEW changes AS
 SELECT seq, at, topic, op, kind, scope_id, key, version, start, count FROM change;
 
-PRAGMA user_version = 4;
+PRAGMA user_version = 5;

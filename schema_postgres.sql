@@ -123,6 +123,18 @@ CREATE TRIGGER run_entry_contiguous AFTER INSERT ON run_entry
 CREATE INDEX run_entry_call ON run_entry (run_id, (entry ->> 'call_id'), seq)
 WHERE (entry ->> 'type') IN ('tool_call', 'tool_result');
 
+-- The newest tool_call or tool_result entry of each call id (a string) that trim()
+-- took out of a run's history: a call's claim and outcome outlive a trim (SPEC §16),
+-- so once() after a trim never runs the call again. once() looks here when the
+-- entries kept no longer hold the call.
+CREATE TABLE run_call (
+    run_id  text COLLATE "C" NOT NULL REFERENCES run (id) ON DELETE CASCADE,
+    call_id text COLLATE "C" NOT NULL,
+    seq     bigint NOT NULL,
+    entry   json   NOT NULL,  -- the entry as it was stored
+    PRIMARY KEY (run_id, call_id)
+);
+
 -- Sessions, owned by the principal (by name) that created them.
 CREATE TABLE session (
     id         text COLLATE "C" PRIMARY KEY,
@@ -952,6 +964,15 @@ BEGIN
         RETURN 0;
     END IF;
     UPDATE run SET first_seq = v_new WHERE id = p_id;
+    -- what the trim removes of each call (a string call id: what once() looks up): its newest entry
+    INSERT INTO run_call (run_id, call_id, seq, entry)
+    SELECT DISTINCT ON (entry ->> 'call_id') p_id, entry ->> 'call_id', seq, entry
+    FROM run_entry
+    WHERE run_id = p_id AND seq < v_new AND (entry ->> 'type') IN ('tool_call', 'tool_result')
+      AND json_typeof(entry -> 'call_id') = 'string'
+    ORDER BY entry ->> 'call_id', seq DESC
+    ON CONFLICT (run_id, call_id) DO UPDATE SET seq = excluded.seq, entry = excluded.entry
+    WHERE excluded.seq > run_call.seq;
     DELETE FROM run_entry WHERE run_id = p_id AND seq < v_new;
     PERFORM feed_add(ARRAY[ROW('run', 'trim', NULL, p_id, NULL, NULL, v_new, v_new - v_first)::change_row]);
     RETURN v_new - v_first;
@@ -1006,6 +1027,9 @@ BEGIN
     END IF;
     INSERT INTO run_entry (run_id, seq, entry)
     SELECT p_new, seq, entry FROM run_entry WHERE run_id = p_src AND seq < v_end ORDER BY seq;
+    -- the calls a trim took out of the source's history are the fork's too (all below first)
+    INSERT INTO run_call (run_id, call_id, seq, entry)
+    SELECT p_new, call_id, seq, entry FROM run_call WHERE run_id = p_src;
     PERFORM feed_add(ARRAY[ROW('run', 'fork', NULL, p_new, NULL, NULL, v_first, v_end - v_first)::change_row]);
 END $$;
 
@@ -1176,4 +1200,4 @@ SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.t
        n.scope_id, n.key, n.version, n.start, n.count
 FROM change_new n CROSS JOIN feed_head h;
 
-INSERT INTO agentstate_version (version) VALUES (3);
+INSERT INTO agentstate_version (version) VALUES (4);

@@ -11,6 +11,7 @@ checked there — one rule for both.
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 from ._encoding import check_fence, check_key, check_kind, encode_items
@@ -19,6 +20,14 @@ from .errors import InvalidValue
 
 if TYPE_CHECKING:
     from ._database import Database
+
+_open: contextvars.ContextVar[int] = contextvars.ContextVar("agentstate_batches", default=0)
+
+
+def inside() -> bool:
+    """Whether the running code is inside a ``batch()`` block (of any store)."""
+    return _open.get() > 0
+
 
 # (op, kind, scope id, key, args, kwargs): the ops method ``kv_<op>(kind, sid, key, *args,
 # **kwargs)`` applies it, with the encoded value (put: type, stored, size, items;

@@ -16,9 +16,10 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
+from . import _batch
 from ._encoding import check_fence, check_key, decode, encode, storable_text
-from .backends.base import RESERVED
-from .errors import CallFailed, CallInProgress, InDoubt, InvalidValue
+from .backends.leases import RESERVED, claim_count
+from .errors import CallFailed, CallInProgress, InDoubt, InvalidValue, TooLarge, UsageError
 
 if TYPE_CHECKING:
     from .backends.base import Ops
@@ -69,8 +70,33 @@ def _ops(ops: Ops, fence: Any) -> Ops:
     return ops if turn_id is None else ops.fenced(turn_id)
 
 
+def _outside_blocks(ops: Ops, what: str) -> None:
+    """A claim must be committed before the call runs (SPEC §16): inside a block it would
+    commit with the block, or vanish with its rollback and the call run again."""
+    where = ops.in_block() or ("batch()" if _batch.inside() else None)
+    if where is not None:
+        raise UsageError(f"{what} inside {where}: a claim must be committed before the call "
+                         f"runs, and the block could roll it back (the call would run again): "
+                         f"call it outside the block")
+
+
+def _check_fn(fn: Any, reconcile: Any, sync: bool) -> None:
+    """fn (and reconcile) must be callable, and not async for the sync once (whose result
+    would be an unawaited coroutine): checked before anything is claimed."""
+    for name, f in (("fn", fn), ("reconcile", reconcile)):
+        if f is None and name == "reconcile":
+            continue
+        if not callable(f):
+            raise UsageError(f"once() needs {name} to be a function to call, got "
+                             f"{type(f).__name__} (pass the function, not its result)")
+        if sync and (inspect.iscoroutinefunction(f)
+                     or inspect.iscoroutinefunction(vars(type(f)).get("__call__"))):
+            raise UsageError(f"{name} is an async function: use aonce(), which awaits it")
+
+
 def claim(ops: Ops, run_id: str, call_id: str, call: Any, fence: Any, lease: Any,
           retry: Any) -> Claim:
+    _outside_blocks(ops, "claim()")
     check_key(run_id, "run id")
     check_key(call_id, "call id")
     if call is not None:
@@ -92,7 +118,13 @@ def claim(ops: Ops, run_id: str, call_id: str, call: Any, fence: Any, lease: Any
 
 def outcome(result: Any = None, error: Any = None) -> str:
     """The JSON text of a recorded outcome: ``{"status": "ok", "result"}`` or
-    ``{"status": "error", "error"}``."""
+    ``{"status": "error", "error"}``.
+
+    :raises InvalidValue: both given, the error not a text, the result not a JSON value.
+    :raises TooLarge: over a run entry's limit.
+    """
+    if error is not None and result is not None:
+        raise InvalidValue("settle takes the call's result or its error, not both")
     if error is not None:
         if not isinstance(error, str):
             raise InvalidValue(f"error must be the error's text, got {type(error).__name__}")
@@ -100,11 +132,31 @@ def outcome(result: Any = None, error: Any = None) -> str:
     return '{"status":"ok","result":' + encode(result, MAX_RECORD - 1024)[0] + "}"
 
 
-def settle(ops: Ops, run_id: str, call_id: str, result: Any, error: Any, fence: Any) -> str:
-    """Record the outcome; the tool_result entry written, as JSON text."""
+def settle(ops: Ops, run_id: str, call_id: str, result: Any, error: Any, fence: Any,
+           retry: Any = None) -> str:
+    """Record the outcome; the tool_result entry written, as JSON text. ``retry`` names
+    the claim settled (its entry's count; None: the open one)."""
     check_key(run_id, "run id")
     check_key(call_id, "call id")
-    return _ops(ops, fence).run_settle(run_id, call_id, outcome(result, error))
+    if retry is not None and (type(retry) is not int or not 0 <= retry < 2**31):
+        raise InvalidValue(f"retry must name a claim (0 for the first, else its entry's retry), "
+                           f"got {retry!r}")
+    return _ops(ops, fence).run_settle(run_id, call_id, outcome(result, error), retry)
+
+
+def _record(ops: Ops, run_id: str, call_id: str, result: Any, fence: Any, c: Claim) -> None:
+    """Record what the call returned, as the claim ``c``'s outcome. A result that cannot
+    be recorded (not a JSON value, too large) settles the call as failed instead, with
+    ``ResultNotRecorded: <why>`` (SPEC §16: nothing runs again), and its error is raised."""
+    try:
+        text = outcome(result)
+    except (InvalidValue, TooLarge) as e:
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: nothing of it ran
+        _record_error(ops, run_id, call_id, fence, e, c, "ResultNotRecorded")
+        raise
+    check_key(run_id, "run id")
+    _ops(ops, fence).run_settle(run_id, call_id, text, claim_count(c.entry))
 
 
 def error_text(e: BaseException) -> str:
@@ -126,6 +178,8 @@ def _refuse(c: Claim, call_id: str) -> NoReturn:
 
 def once(ops: Ops, run_id: str, call_id: str, fn: Callable[[], Any], call: Any,
          reconcile: Callable[[str, dict[str, Any]], Any] | None, fence: Any, lease: Any) -> Any:
+    _outside_blocks(ops, "once()")
+    _check_fn(fn, reconcile, True)
     c = claim(ops, run_id, call_id, call, fence, lease, False)
     while True:
         if c.status == "done":
@@ -136,15 +190,15 @@ def once(ops: Ops, run_id: str, call_id: str, fn: Callable[[], Any], call: Any,
             _refuse(c, call_id)
         found = reconcile(call_id, c.entry)
         if found is not NOT_RUN:
-            settle(ops, run_id, call_id, found, None, fence)
+            _record(ops, run_id, call_id, found, fence, c)
             return found
         c = claim(ops, run_id, call_id, call, fence, lease, True)
     try:
         result = fn()
     except Exception as e:  # an interrupt (KeyboardInterrupt, a cancel) leaves it in doubt
-        _record_error(ops, run_id, call_id, fence, e)
+        _record_error(ops, run_id, call_id, fence, e, c)
         raise
-    settle(ops, run_id, call_id, result, None, fence)
+    _record(ops, run_id, call_id, result, fence, c)
     return result
 
 
@@ -153,6 +207,8 @@ async def aonce(ops: Ops, run_id: str, call_id: str, fn: Callable[[], Any], call
                 lease: Any) -> Any:
     import asyncio
 
+    _outside_blocks(ops, "aonce()")
+    _check_fn(fn, reconcile, False)
     c = await asyncio.to_thread(claim, ops, run_id, call_id, call, fence, lease, False)
     while True:
         if c.status == "done":
@@ -163,15 +219,15 @@ async def aonce(ops: Ops, run_id: str, call_id: str, fn: Callable[[], Any], call
             _refuse(c, call_id)
         found = await _maybe_await(reconcile(call_id, c.entry))
         if found is not NOT_RUN:
-            await asyncio.to_thread(settle, ops, run_id, call_id, found, None, fence)
+            await asyncio.to_thread(_record, ops, run_id, call_id, found, fence, c)
             return found
         c = await asyncio.to_thread(claim, ops, run_id, call_id, call, fence, lease, True)
     try:
         result = await _maybe_await(fn())
     except Exception as e:  # a cancel leaves the call in doubt: it may have happened
-        await asyncio.to_thread(_record_error, ops, run_id, call_id, fence, e)
+        await asyncio.to_thread(_record_error, ops, run_id, call_id, fence, e, c)
         raise
-    await asyncio.to_thread(settle, ops, run_id, call_id, result, None, fence)
+    await asyncio.to_thread(_record, ops, run_id, call_id, result, fence, c)
     return result
 
 
@@ -179,12 +235,15 @@ async def _maybe_await(v: Any | Awaitable[Any]) -> Any:
     return await v if inspect.isawaitable(v) else v
 
 
-def _record_error(ops: Ops, run_id: str, call_id: str, fence: Any, e: BaseException) -> None:
-    """fn raised: record its error, so the call is failed, not in doubt. If that cannot
-    be recorded the caller still gets fn's own exception, with a note (the call stays in
-    doubt for whoever resumes)."""
+def _record_error(ops: Ops, run_id: str, call_id: str, fence: Any, e: BaseException,
+                  c: Claim, kind: str | None = None) -> None:
+    """fn raised (or its result cannot be recorded: ``kind``): record the error as the
+    claim ``c``'s outcome, so the call is failed, not in doubt. If that cannot be recorded
+    the caller still gets the original exception, with a note (the call stays in doubt
+    for whoever resumes)."""
+    text = storable_text(f"{kind}: {e}") if kind else error_text(e)
     try:
-        settle(ops, run_id, call_id, None, error_text(e), fence)
+        settle(ops, run_id, call_id, None, text, fence, claim_count(c.entry))
     except Exception as inner:
         e.add_note(f"agentstate: the error of call {call_id!r} could not be recorded "
                    f"({type(inner).__name__}: {inner}); the call stays in doubt")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _changes, _grants
+from . import _batch, _changes, _grants
 from ._batch import Batch
 from ._changes import Change
 from ._encoding import check_key, fs_path
@@ -109,7 +109,11 @@ class Database:
         each op's return value. An exception in the block applies nothing.
         ``fence``: a Turn (or turn id) fencing every write: ``LeaseLost`` fails them all."""
         b = Batch(self, fence)
-        yield b
+        token = _batch._open.set(_batch._open.get() + 1)  # once() inside is UsageError
+        try:
+            yield b
+        finally:
+            _batch._open.reset(token)
         b.apply()
 
     # -- the change feed (SPEC §9) -------------------------------------------

@@ -358,15 +358,19 @@ class RunStore:
         return _calls.claim(self._ops, run_id, call_id, call, fence, lease, retry)
 
     def settle(self, run_id: str, call_id: str, *, result: Any = None, error: str | None = None,
-               fence: Any = None) -> None:
+               fence: Any = None, retry: int | None = None) -> None:
         """Record the outcome of a claimed call: ``result`` (``"status": "ok"``), or the
-        ``error``'s text (``"status": "error"``), as a ``tool_result`` entry.
+        ``error``'s text (``"status": "error"``), as a ``tool_result`` entry. ``retry``
+        names the claim settled (its entry's ``retry``, 0 for the first claim; ``once``
+        passes it): a claimer whose claim a retry superseded records nothing.
 
-        :raises InvalidTransition: the call is not claimed, or settled already.
+        :raises InvalidTransition: the call is not claimed, settled already, or (``retry``)
+            claimed again since.
+        :raises InvalidValue: both ``result`` and ``error``; a result that is not a JSON value.
         :raises RunNotFound: as for :meth:`claim`.
         :raises LeaseLost: as for :meth:`claim`.
         """
-        _calls.settle(self._ops, run_id, call_id, result, error, fence)
+        _calls.settle(self._ops, run_id, call_id, result, error, fence, retry)
 
     def once(self, run_id: str, call_id: str, fn: Callable[[], Any], *,
              call: dict[str, Any] | None = None,

@@ -109,7 +109,7 @@ def test_tokens_keep_their_grants_and_expiry_on_both_backends(any_db):
     first = by_grants[json.dumps(["thread:t-1=rw", "runs:team-a-*=r"])]
     assert first["expires_at"] is None and first["admin"] is False
     second = by_grants["null"]
-    ends = agentstate.backends.base.parse_iso(second["expires_at"])
+    ends = agentstate.backends.leases.parse_iso(second["expires_at"])
     assert 3500 < ends - time.time() < 3700
     assert all(t not in json.dumps(rows) for t in (t1, t2))
     assert db.tokens.principal(t1) == agentstate.Principal("bob")
@@ -710,16 +710,19 @@ def test_a_version_2_postgresql_store_gains_grants_expiry_and_sign_ins(pg_url):
     and without an end."""
     import psycopg
 
+    from agentstate.backends.postgres import schema as pg_schema
+
     with agentstate.open(pg_url) as db:
         old = db.tokens.create("bob")
     with psycopg.connect(pg_url, autocommit=True) as c:
         want = _shape(c)
-        c.execute("DROP TABLE signin; ALTER TABLE token DROP COLUMN grants, DROP COLUMN expires_at; "
+        c.execute("DROP TABLE run_call; "  # 0.4's (the 3->4 step makes it again)
+                  "DROP TABLE signin; ALTER TABLE token DROP COLUMN grants, DROP COLUMN expires_at; "
                   "DROP VIEW runs; DROP INDEX run_entry_call; ALTER TABLE run DROP COLUMN pinned; "
                   "CREATE VIEW runs AS SELECT id FROM run; UPDATE agentstate_version SET version = 2")
         assert _shape(c) != want
     with agentstate.open(pg_url) as db:
-        assert db.info()["schema_version"] == 3
+        assert db.info()["schema_version"] == pg_schema.SCHEMA_VERSION
         assert db.tokens.principal(old) == agentstate.Principal("bob")
         assert [(r["grants"], r["expires_at"]) for r in db.tokens.list()] == [(None, None)]
         assert db._ops.signin_create(old, 60) is not None

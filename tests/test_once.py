@@ -14,7 +14,7 @@ import pytest
 
 import agentstate
 from agentstate import (NOT_RUN, CallFailed, CallInProgress, InDoubt, InvalidTransition,
-                        InvalidValue, LeaseLost, RunNotFound)
+                        InvalidValue, LeaseLost, RunNotFound, TooLarge, UsageError)
 
 from . import callworkers
 from .conftest import digest, target
@@ -169,14 +169,161 @@ def test_missing_runs_and_bad_input_change_nothing(db, run):
     assert digest(db) == before
 
 
-def test_a_result_that_cannot_be_recorded_leaves_the_call_in_doubt(db, run):
-    """fn returned something that is not JSON: InvalidValue, and the claim stays without a
-    result (its effect may have happened): load() marks it unknown."""
+def test_a_result_that_cannot_be_recorded_fails_the_call(db, run):
+    """fn ran and returned something that is not JSON, or too large: the call is settled as
+    failed ("ResultNotRecorded: ...", SPEC §16) and the §6 error raised; later callers get
+    CallFailed and nothing runs again."""
+    calls = []
     with pytest.raises(InvalidValue):
-        db.runs.once(run, "c1", lambda: {1, 2}, lease=0.01)
-    time.sleep(0.05)
+        db.runs.once(run, "c1", lambda: calls.append(1) or {1, 2})
+    with pytest.raises(TooLarge):
+        db.runs.once(run, "c2", lambda: calls.append(2) or "x" * (16 * 1024 * 1024))
+    for call_id in ("c1", "c2"):
+        with pytest.raises(CallFailed) as e:
+            db.runs.once(run, call_id, lambda: calls.append(3))
+        assert e.value.error.startswith("ResultNotRecorded: ")
+    assert calls == [1, 2]
+    assert [e["status"] for e in db.runs.load(run).entries if e["type"] == "tool_result"] \
+        == ["error", "error"]
+
+
+def test_a_large_result_is_recorded(db, run):
+    """A result up to a run entry's limit is recorded, locally and over HTTP (whose claim
+    and settle take what a run entry takes: 16 MiB), and returned to later callers."""
+    big = {"text": "y" * (5 * 1024 * 1024)}
+    assert db.runs.once(run, "big", lambda: big) == big
+    assert db.runs.once(run, "big", lambda: pytest.fail("ran again")) == big
+
+
+def test_once_and_claim_inside_a_block_are_usage_errors(db, run):
+    """once() and claim() inside transaction(), batch() or snapshot(): UsageError before
+    anything is claimed (the block could roll the claim back and the call run again)."""
+    before = digest(db)
+    blocks = [db.batch]
+    if not hasattr(db, "callworker_target"):  # the remote client has neither of these
+        blocks += [db.transaction, db.snapshot]
+    for block in blocks:
+        for call in (lambda: db.runs.once(run, "c1", lambda: pytest.fail("ran")),
+                     lambda: db.runs.claim(run, "c1")):
+            with pytest.raises(UsageError, match="inside"):
+                with block():
+                    call()
+
+        async def inside() -> None:
+            with block():
+                await db.runs.aonce(run, "c1", lambda: pytest.fail("ran"))
+
+        with pytest.raises(UsageError, match="inside"):
+            asyncio.run(inside())
+    assert digest(db) == before
+
+
+def test_once_needs_a_function(db, run):
+    """fn that is not callable (None, a text, the result of calling it), or an async fn given
+    to the sync once: UsageError before anything is claimed; later correct calls run."""
+    async def charge():
+        return 1
+
+    before = digest(db)
+    for fn in (None, "charge", 42, charge):
+        with pytest.raises(UsageError):
+            db.runs.once(run, "c1", fn)
+    with pytest.raises(UsageError):
+        db.runs.once(run, "c1", lambda: 1, reconcile="no")
+    with pytest.raises(UsageError):
+        asyncio.run(db.runs.aonce(run, "c1", None))
+    assert digest(db) == before
+    assert db.runs.once(run, "c1", lambda: 5) == 5
+
+
+def test_only_an_ok_or_error_result_settles_a_call(db, run):
+    """A tool_result with another status (load()'s synthetic "unknown", written back) does
+    not settle the call: it is in doubt, reconcile may run it, and settle records it."""
+    db.runs.claim(run, "c1")
+    unknown = db.runs.load(run).entries[-1]
+    assert unknown["status"] == "unknown"
+    db.runs.write(run, [{**unknown, "seq": 1}], None)
     assert db.runs.claim(run, "c1").status == "in_doubt"
-    assert db.runs.load(run).entries[-1]["status"] == "unknown"
+    with pytest.raises(InDoubt):
+        db.runs.once(run, "c1", lambda: pytest.fail("ran"))
+    assert db.runs.once(run, "c1", lambda: "ran", reconcile=lambda cid, e: NOT_RUN) == "ran"
+    assert db.runs.read(run).entries[-2]["retry"] == 1
+    db.runs.claim(run, "c2")
+    db.runs.write(run, [{"seq": 5, "type": "tool_result", "call_id": "c2", "status": "maybe"}], None)
+    db.runs.settle(run, "c2", result=3)
+    assert db.runs.once(run, "c2", lambda: pytest.fail("ran")) == 3
+
+
+def test_call_ids_of_other_json_types_are_other_calls(db, run):
+    """The call "7" is not the call whose call_id is the number 7 (nor "true" true), on every
+    backend: once() of "7" runs its own function."""
+    db.runs.write(run, [{"seq": 0, "type": "tool_call", "call_id": 7},
+                        {"seq": 1, "type": "tool_result", "call_id": 7, "status": "ok",
+                         "result": "another call's"},
+                        {"seq": 2, "type": "tool_call", "call_id": True}], None)
+    assert db.runs.once(run, "7", lambda: "mine") == "mine"
+    assert db.runs.once(run, "true", lambda: "mine too") == "mine too"
+    assert db.runs.claim(run, "7").status == "done"
+
+
+def test_a_settle_names_its_claim(db, run):
+    """A claimer whose claim a retry superseded settles nothing (InvalidTransition, nothing
+    written); the newest claim's settle is recorded. Both result and error: InvalidValue."""
+    db.runs.claim(run, "c1", lease=0.01)
+    time.sleep(0.05)
+    again = db.runs.claim(run, "c1", retry=True)
+    assert again.status == "claimed" and again.entry["retry"] == 1
+    before = digest(db)
+    with pytest.raises(InvalidTransition, match="superseded"):
+        db.runs.settle(run, "c1", result="late", retry=0)
+    with pytest.raises(InvalidValue):
+        db.runs.settle(run, "c1", result="x", error="y")
+    with pytest.raises(InvalidValue):
+        db.runs.settle(run, "c1", result="x", retry=-1)
+    assert digest(db) == before
+    db.runs.settle(run, "c1", result="fresh", retry=1)
+    assert db.runs.once(run, "c1", lambda: pytest.fail("ran")) == "fresh"
+
+
+def test_calls_outlive_a_trim(db, run):
+    """Trimming a run's entries keeps each call's claim and outcome (SPEC §16): once()
+    after a trim returns the recorded result or raises CallFailed / CallInProgress, never
+    runs fn again; a fork of the trimmed run keeps them too."""
+    assert db.runs.once(run, "ok", lambda: {"id": 1}) == {"id": 1}
+    with pytest.raises(RuntimeError):
+        db.runs.once(run, "bad", lambda: (_ for _ in ()).throw(RuntimeError("no")))
+    db.runs.claim(run, "live", lease=1000)
+    head = db.runs.head(run)
+    assert db.runs.trim(run, before=head.next_seq) == head.next_seq
+    assert db.runs.read(run).entries == []
+    db.runs.fork(run, "forked")
+    for rid in (run, "forked"):
+        assert db.runs.once(rid, "ok", lambda: pytest.fail("ran")) == {"id": 1}
+        with pytest.raises(CallFailed):
+            db.runs.once(rid, "bad", lambda: pytest.fail("ran"))
+        with pytest.raises(CallInProgress):
+            db.runs.once(rid, "live", lambda: pytest.fail("ran"))
+    db.runs.settle(run, "live", result="done")
+    db.runs.trim(run, before=db.runs.head(run).next_seq)
+    assert db.runs.once(run, "live", lambda: pytest.fail("ran")) == "done"
+
+
+def test_a_held_turn_keeps_its_claims_in_progress(db, run):
+    """A fenced claim stays in progress while its turn is held or decided (a hold is a
+    pause); once the turn failed it is in doubt."""
+    p = agentstate.Principal("alice")
+    s = db.sessions.create(p)
+    turn = db.sessions.start_turn(s.id, p, lease=0.3)
+    db.runs.claim(run, "c1", fence=turn)
+    turn.hold({"ask": "ok?"})
+    time.sleep(0.4)  # past the lease it had while running
+    assert db.runs.claim(run, "c1").status == "in_progress"
+    db.sessions.decide(turn.id, p, {"yes": True})
+    assert db.runs.claim(run, "c1").status == "in_progress"
+    resumed = db.sessions.resume(turn.id, p, lease=60)
+    assert db.runs.claim(run, "c1").status == "in_progress"
+    resumed.fail("gave up")
+    assert db.runs.claim(run, "c1").status == "in_doubt"
 
 
 def test_aonce_takes_async_functions(db, run):

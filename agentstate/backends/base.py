@@ -110,57 +110,6 @@ def check_cursor(since: int, head: int, retention: int, oldest: int | None) -> N
             f"from last_change() = {head}")
 
 
-# -- turns (SPEC §4) ---------------------------------------------------------------------
-
-LEASED: Final = ("queued", "running", "resuming")  # states that lapse into 'expired'
-
-
-def effective_status(status: str, lease_until: float | None, now: float | None = None) -> str:
-    """A leased state whose lease lapsed reads as 'expired'."""
-    if status in LEASED and lease_until is not None and lease_until < (now or time.time()):
-        return "expired"
-    return status
-
-
-# -- tool calls that run at most once (SPEC §14) -------------------------------------------
-
-CALL_TYPES: Final = ("tool_call", "tool_result")  # the entries once() and load() pair by call_id
-RESERVED: Final = ("seq", "type", "call_id", "at", "fence", "lease", "retry")  # not in ``call``
-
-
-def call_state(entry: dict[str, Any], fence_live: bool | None, now: float) -> str:
-    """What a call is, from its newest entry: ``done`` or ``failed`` (a result is
-    recorded), ``in_progress`` (a claim that is still live: its fence's turn holds its
-    lease — ``fence_live`` —, or without a fence less than its ``lease`` seconds have
-    passed since its ``at``), else ``in_doubt`` (it may have run)."""
-    if entry.get("type") == "tool_result":
-        return "failed" if entry.get("status") == "error" else "done"
-    if entry.get("fence") is not None:
-        return "in_progress" if fence_live else "in_doubt"
-    at, lease = entry.get("at"), entry.get("lease")
-    if not isinstance(at, str) or isinstance(lease, bool) or not isinstance(lease, (int, float)):
-        return "in_doubt"  # a tool_call written by hand: nothing says it is still running
-    try:
-        claimed = parse_iso(at)
-    except ValueError:
-        return "in_doubt"
-    return "in_progress" if now < claimed + lease else "in_doubt"
-
-
-def parse_iso(text: str) -> float:
-    """The store's ISO-8601 UTC text (``iso()``) as a unix time."""
-    from datetime import datetime, timezone
-
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
-
-
-def turn_live(row: Row | None, now: float) -> bool:
-    """Whether a turn (its row: status at 3, lease_until at 9) holds its lease: running or
-    resuming, and not lapsed by the store's clock."""
-    return (row is not None and row[3] in ("running", "resuming")
-            and (row[9] is None or row[9] >= now))
-
-
 # -- who may use a thread's open transaction -----------------------------------------------
 
 def check_owner(txn: contextvars.ContextVar[list[bool] | None], local: Any) -> None:
@@ -299,6 +248,14 @@ class Ops(Protocol):
     def exclusive(self) -> AbstractContextManager[Any]:
         """Held while ``update()`` retries: the write lock where the store has one."""
         ...
+    def clock(self) -> float:
+        """The store's clock (unix time), by which every lease is judged: this machine's
+        for a file, the database server's on PostgreSQL, the served store's over HTTP."""
+        ...
+    def in_block(self) -> str | None:
+        """The block this thread is inside of — ``"transaction()"`` or ``"snapshot()"`` —,
+        else None (a remote store has neither)."""
+        ...
     def update_turn(self, kind: str, sid: str, key: str) -> AbstractContextManager[Any]:
         """Held around a whole ``update()``: this client's threads take turns on a key."""
         ...
@@ -359,9 +316,11 @@ class Ops(Protocol):
         """(status, the call's newest entry as JSON text) after claiming it if it was not
         (``claimed``), or as it stands: done, failed, in_progress, in_doubt (SPEC §14)."""
         ...
-    def run_settle(self, run_id: str, call_id: str, outcome: str) -> str:
+    def run_settle(self, run_id: str, call_id: str, outcome: str, retry: int | None) -> str:
         """Record a claimed call's outcome (``{"status", "result"|"error"}`` as JSON text):
-        the tool_result entry written, as JSON text."""
+        the tool_result entry written, as JSON text. ``retry``: the claim it settles (its
+        entry's ``retry``, 0 for the first claim): InvalidTransition if a newer claim
+        superseded it (None: whichever claim is open)."""
         ...
 
     # sessions and turns (SPEC §4), always for a principal (name, admin)
@@ -474,6 +433,9 @@ class Store(Protocol):
 
     def waiter(self) -> AbstractContextManager[Waiter]: ...
     def in_write(self) -> bool: ...
+    def in_snapshot(self) -> bool:
+        """Whether this thread is inside ``snapshot()`` (not inside a write)."""
+        ...
     def clock(self) -> float:
         """The store's clock (unix time): this machine's for a file, the server's for PostgreSQL."""
         ...
@@ -547,8 +509,10 @@ class RunsRepo(Protocol):
         """``head()``, with the run held until the write commits (the first statement
         of a write that reads the run before it appends)."""
         ...
-    def last_call(self, c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
-        """The newest tool_call or tool_result entry of ``call_id``: an index probe."""
+    def last_call(self, c: Conn, run_id: str, call_id: str,
+                  claims: bool = False) -> tuple[int, str] | None:
+        """The newest tool_call or tool_result entry of ``call_id`` (``claims``: the newest
+        tool_call): an index probe, or what a trim kept of the call."""
         ...
 
 

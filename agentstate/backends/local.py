@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from .._encoding import decode
 from .._grants import Rule
 from ..errors import Forbidden, InvalidTransition, NotFound, RunNotFound, UsageError
-from .base import TOKEN_ID, Backend, Filters, Readable, Row, Sets, Stored, Ttl, call_state, iso, turn_live
+from .base import TOKEN_ID, Backend, Filters, Readable, Row, Sets, Stored, Ttl, iso
+from .leases import SETTLED, call_state, claim_count, claim_live, effective_status
 
 T = TypeVar("T")
 
@@ -43,7 +44,6 @@ class LocalOps:
         self.store = backend.store
         self.kv, self.runs, self.sessions = backend.kv, backend.runs, backend.sessions
         self.feed, self.tokens, self.admin = backend.feed, backend.tokens, backend.admin
-        self.clock: Callable[[], float] = backend.store.clock  # the store's clock, for cutoffs
         self._write = backend.store.call_write
         self._read = backend.store.call_read
         self._fence: str | None = None  # the turn whose lease fences every write (fenced())
@@ -81,6 +81,15 @@ class LocalOps:
     def exclusive(self) -> AbstractContextManager[Any]:
         """The write lock, so a compare-and-set retried inside cannot lose again."""
         return self.store.write()
+
+    def clock(self) -> float:
+        """The store's clock: cutoffs and leases are judged by it."""
+        return self.store.clock()
+
+    def in_block(self) -> str | None:
+        if self.store.in_write():
+            return "transaction()"
+        return "snapshot()" if self.store.in_snapshot() else None
 
     def update_turn(self, kind: str, sid: str, key: str) -> AbstractContextManager[Any]:
         """Held around a whole update(): nothing here (its first try reads a snapshot,
@@ -212,7 +221,7 @@ class LocalOps:
             last = self._read(self.runs.last_call, run_id, call_id)
             if last is not None:
                 entry = decode(last[1])
-                if entry.get("type") == "tool_result":
+                if entry.get("type") == "tool_result" and entry.get("status") in SETTLED:
                     return call_state(entry, None, 0.0), last[1]
         return self._write(self._claim, run_id, call_id, call, lease, retry)
 
@@ -229,13 +238,14 @@ class LocalOps:
         if last is not None:
             entry = decode(last[1])
             fence = entry.get("fence")
-            live = (turn_live(self.sessions.turn_row(c, fence), now) if isinstance(fence, str)
-                    else None)
+            live = claim_live(self._turn_status(c, fence, now)) if isinstance(fence, str) else None
             state = call_state(entry, live, now)
             if state != "in_doubt" or not retry:
                 return state, last[1]
-            before = entry.get("retry")
-            tries = (before if isinstance(before, int) and not isinstance(before, bool) else 0) + 1
+            if entry.get("type") != "tool_call":  # a result that settles nothing: its claim's
+                claim = self.runs.last_call(c, run_id, call_id, True)
+                entry = decode(claim[1]) if claim is not None else {}
+            tries = claim_count(entry) + 1
         seq = head[1]
         text = (f'{{"seq":{seq},"type":"tool_call","call_id":{json.dumps(call_id)},'
                 f'"at":"{iso(now)}","fence":{json.dumps(self._fence)},"lease":{json.dumps(lease)}'
@@ -244,18 +254,35 @@ class LocalOps:
         self.runs.write(c, run_id, [(seq, text)], None, False)
         return "claimed", text
 
-    def run_settle(self, run_id: str, call_id: str, outcome: str) -> str:
-        return self._write(self._settle, run_id, call_id, outcome)
+    def _turn_status(self, c: Any, turn_id: str, now: float) -> str | None:
+        row = self.sessions.turn_row(c, turn_id)
+        return None if row is None else effective_status(row[3], row[9], now)
 
-    def _settle(self, c: Any, run_id: str, call_id: str, outcome: str) -> str:
+    def run_settle(self, run_id: str, call_id: str, outcome: str, retry: int | None) -> str:
+        return self._write(self._settle, run_id, call_id, outcome, retry)
+
+    def _settle(self, c: Any, run_id: str, call_id: str, outcome: str, retry: int | None) -> str:
+        """Record the outcome of the call's open claim: its newest entry is a tool_call, or a
+        result that settles nothing (status neither ok nor error, SPEC §16). ``retry``
+        names the claim: one superseded by a newer claim settles nothing."""
         head = self.runs.lock(c, run_id)
         if head is None:
             raise RunNotFound(f"no run {run_id!r}")
         last = self.runs.last_call(c, run_id, call_id)
-        if last is None or decode(last[1]).get("type") != "tool_call":
+        entry = None if last is None else decode(last[1])
+        if entry is None or (entry.get("type") != "tool_call"
+                             and entry.get("status") in SETTLED):
             raise InvalidTransition(
                 f"call {call_id!r} of run {run_id!r} is "
                 f"{'not claimed' if last is None else 'settled already'}: nothing to settle")
+        if retry is not None:
+            if entry.get("type") != "tool_call":
+                claim = self.runs.last_call(c, run_id, call_id, True)
+                entry = decode(claim[1]) if claim is not None else {}
+            if claim_count(entry) != retry:
+                raise InvalidTransition(
+                    f"call {call_id!r} of run {run_id!r}: the claim this settles (retry {retry}) "
+                    f"was superseded by a newer one (retry {claim_count(entry)}): nothing recorded")
         seq = head[1]
         text = (f'{{"seq":{seq},"type":"tool_result","call_id":{json.dumps(call_id)},'
                 + outcome[1:])

@@ -150,6 +150,12 @@ class RemoteOps:
         raise E.UsageError("snapshot() cannot span HTTP calls: get_many() and items() read "
                            "several keys of a scope in one request")
 
+    def in_block(self) -> str | None:
+        return None  # neither transaction() nor snapshot() exists over HTTP
+
+    def clock(self) -> float:
+        return float(self._call("GET", "/v1/health")["now"])
+
     def exclusive(self) -> Any:
         return contextlib.nullcontext()
 
@@ -337,10 +343,10 @@ class RemoteOps:
                        runs=True)
         return d["status"], _dumps(d["entry"])
 
-    def run_settle(self, run_id: str, call_id: str, outcome: str) -> str:
+    def run_settle(self, run_id: str, call_id: str, outcome: str, retry: int | None) -> str:
         # outcome is {"status":"ok","result":...} or {"status":"error","error":...}: the
-        # route takes {"result"} or {"error"}
-        body = "{" + outcome[outcome.index(",") + 1:]
+        # route takes {"result"} or {"error"}, and the claim settled
+        body = "{" + ("" if retry is None else f'"retry":{retry},') + outcome[outcome.index(",") + 1:]
         d = self._call("POST", f"/v1/runs/{_q(run_id)}/calls/{_q(call_id)}/settle", body=body,
                        runs=True)
         return _dumps(d["entry"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 from typing import Any
 
@@ -10,7 +9,7 @@ import click
 
 import agentstate
 
-from ..backends.base import CALL_TYPES, call_state
+from ..backends.leases import CALL_TYPES, SETTLED, call_state, claim_live
 from ._base import ADMIN, ARGS, Ctx, cli, fail, paged, pass_obj, show, table
 
 
@@ -69,14 +68,14 @@ def open_calls(db: agentstate.Database, entries: list[dict[str, Any]]
         if e.get("type") in CALL_TYPES and isinstance(e.get("call_id"), str):
             last[e["call_id"]] = e
     out = {}
-    now = time.time()
+    now = db._ops.clock()  # the store's clock, as once() judges leases (SPEC §16)
     for call_id, e in last.items():
-        if e["type"] != "tool_call":
+        if e["type"] == "tool_result" and e.get("status") in SETTLED:
             continue
         fence, live = e.get("fence"), None
         if isinstance(fence, str):
             try:
-                live = db.sessions.get_turn(fence, ADMIN).status in ("running", "resuming")
+                live = claim_live(db.sessions.get_turn(fence, ADMIN).status)
             except agentstate.NotFound:
                 live = False
         out[call_id] = (e, call_state(e, live, now))

@@ -67,8 +67,8 @@ LIMITS = Limits(
     Limit("small_body", 1 * KIB, "bytes", "every other body: pop, touch, fork, trim, prune, settings"),
     Limit("batch_body", 4 * MIB, "bytes", "POST /v1/batch"),
     Limit("batch_ops", 1000, "ops", "POST /v1/batch: ops in one batch (each holds the write lock)"),
-    Limit("run_body", 17 * MIB, "bytes", "POST /v1/runs/{run_id}/write: one entry or snapshot of "
-          "the store's 16 MiB limit, and 1 MiB more"),
+    Limit("run_body", 17 * MIB, "bytes", "POST /v1/runs/{run_id}/write, and a call's claim and "
+          "settle: one entry, snapshot, call or result of the store's 16 MiB limit, and 1 MiB more"),
     Limit("json_values", 1_000_000, "values", "JSON values (arrays, objects and scalars) in one "
           "body; more: 413 too_large"),
     Limit("json_containers", 250_000, "values", "arrays and objects in one body (the garbage "

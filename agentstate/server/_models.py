@@ -159,13 +159,18 @@ class ClaimBody(Body):
 
 
 class SettleBody(Body):
-    """A claimed call's outcome: ``result`` (a JSON value; null is one) or ``error``."""
+    """A claimed call's outcome: ``result`` (a JSON value; null is one) or ``error`` (a
+    text), and ``retry``, the claim it settles (its entry's count, 0 for the first)."""
 
     result: Any = None
     error: str | None = None
+    retry: int | None = Field(default=None, ge=0, lt=2**31)
 
     @model_validator(mode="after")
     def _one_outcome(self) -> SettleBody:
         if len(self.model_fields_set & {"result", "error"}) != 1:
             raise ValueError("give the call's result, or its error, and not both")
+        if "error" in self.model_fields_set and self.error is None:
+            raise ValueError("error must be the error's text (a result of null is "
+                             '{"result": null})')
         return self

@@ -99,16 +99,18 @@ ROUTES: list[Route_] = _key_routes() + [
            body=PinBody, answer="Pinned", errors=(400, 404, 413), grant=("run", "rw")),
     Route_("POST", "/v1/runs/{run_id}/calls/{call_id}/claim", runs.call_claim,
            "Claim a tool call, or say where it stands (SPEC §14)", body=ClaimBody,
-           answer="Claim", errors=(400, 404, 409, 413), limit=VALUES, grant=("run", "rw"),
+           answer="Claim", errors=(400, 404, 409, 413), limit=LIMITS.run_body, grant=("run", "rw"),
            description="Every status is a 200 answer: claimed (run the call now, then settle "
                        "it), done (with its result), failed (with its error), in_progress, "
                        "in_doubt (retry=true claims it again). Errors: a bad request, a missing "
                        "run, or a lapsed X-Agentstate-Fence (409 lease_lost)."),
     Route_("POST", "/v1/runs/{run_id}/calls/{call_id}/settle", runs.call_settle,
            "Record a claimed tool call's outcome", body=SettleBody, answer="Settled",
-           errors=(400, 404, 409, 413), limit=VALUES, grant=("run", "rw"),
-           description="Exactly one of `result` (a JSON value) and `error` (its text). 409 "
-                       "invalid_transition: the call is not claimed, or settled already."),
+           errors=(400, 404, 409, 413), limit=LIMITS.run_body, grant=("run", "rw"),
+           description="Exactly one of `result` (a JSON value) and `error` (its text); "
+                       "`retry` names the claim settled (its entry's `retry`, 0 for the first). "
+                       "409 invalid_transition: the call is not claimed, settled already, or "
+                       "claimed again since the claim named."),
     Route_("POST", "/v1/sessions", sessions.sessions_create, "A new session", body=SessionBody,
            ok=201, answer="Session", errors=(400, 403, 413), limit=VALUES, grant="session"),
     Route_("GET", "/v1/sessions", sessions.sessions_list, "My sessions (all: admin)",

@@ -122,14 +122,24 @@ def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:
     c.execute("SELECT run_fork(%s, %s, %s)", (run_id, new_id, upto))
 
 
-def last_call(c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
-    """The newest tool_call or tool_result entry of ``call_id`` (seq, JSON text), or None:
-    the partial index run_entry_call, one probe whatever the run's length."""
+def last_call(c: Conn, run_id: str, call_id: str, claims: bool = False) -> tuple[int, str] | None:
+    """The newest tool_call or tool_result entry of ``call_id`` (``claims``: the newest
+    tool_call) as (seq, JSON text), or None: the partial index run_entry_call, one probe
+    whatever the run's length; else what a trim kept of it (run_call). The call id is a
+    JSON string: ``->>`` alone would take the number 7 for the call "7"."""
+    types = "('tool_call')" if claims else "('tool_call', 'tool_result')"
     return c.execute(
-        """SELECT seq, entry::text FROM run_entry
-           WHERE run_id = %s AND (entry ->> 'call_id') = %s
-             AND (entry ->> 'type') IN ('tool_call', 'tool_result')
-           ORDER BY seq DESC LIMIT 1""", (run_id, call_id)).fetchone()
+        f"""SELECT seq, entry FROM (
+               (SELECT seq, entry::text FROM run_entry
+                WHERE run_id = %(run)s AND (entry ->> 'call_id') = %(call)s
+                  AND (entry ->> 'type') IN ('tool_call', 'tool_result')
+                  AND (entry ->> 'type') IN {types}
+                  AND json_typeof(entry -> 'call_id') = 'string'
+                ORDER BY seq DESC LIMIT 1)
+               UNION ALL
+               SELECT seq, entry::text FROM run_call
+               WHERE run_id = %(run)s AND call_id = %(call)s AND (entry ->> 'type') IN {types}
+           ) AS found ORDER BY seq DESC LIMIT 1""", {"run": run_id, "call": call_id}).fetchone()
 
 
 def pin(c: Conn, run_id: str, pinned: bool) -> bool:

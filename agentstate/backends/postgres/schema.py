@@ -19,8 +19,8 @@ from ...errors import Damaged, SchemaTooNew, StorageError
 from .errors import translate
 from .statements import first, quiet_rollback
 
-OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "session", "turn", "change",
-              "feed_head", "change_new", "change_pending", "setting", "token", "signin")
+OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "run_call", "session", "turn",
+              "change", "feed_head", "change_new", "change_pending", "setting", "token", "signin")
 
 
 def schema_text() -> str:
@@ -77,9 +77,17 @@ def _v2_to_v3(c: psycopg.Connection) -> None:
         c.execute(schema_object(name))
 
 
+def _v3_to_v4(c: psycopg.Connection) -> None:
+    """0.4: the calls a trim took out of a run's history (SPEC §16)."""
+    c.execute(schema_object("run_call"))
+    for name in ("run_trim", "run_fork"):
+        c.execute(schema_function(name))
+
+
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
 # one transaction (under the advisory lock) that opens it.
-MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def ensure_schema(c: psycopg.Connection, where: str) -> str:

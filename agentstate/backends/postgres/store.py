@@ -258,6 +258,9 @@ class Store:
     def in_write(self) -> bool:
         return bool(getattr(self._local, "depth", 0))
 
+    def in_snapshot(self) -> bool:
+        return getattr(self._local, "snap", None) is not None
+
     def query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         with self.read() as c:
             return c.execute(sql, args).fetchall()

@@ -131,6 +131,7 @@ def trim(c: Conn, run_id: str, before: int) -> int:
     if removed == 0:
         return 0
     c.execute("UPDATE run SET first_seq = ? WHERE id = ?", (new_first, run_id))
+    c.execute(_KEEP_CALLS, (run_id, new_first))
     c.execute("DELETE FROM run_entry WHERE run_id = ? AND seq < ?", (run_id, new_first))
     feed.record(c, "run", "trim", None, run_id, None, None, new_first, removed)
     return removed
@@ -209,19 +210,48 @@ def fork(c: Conn, run_id: str, new_id: str, upto: int | None) -> None:
            SELECT ?1, seq, entry FROM run_entry WHERE run_id = ?2 AND seq < ?3 ORDER BY seq""",
         (new_id, run_id, end),
     )
+    # the calls a trim took out of the source's history are the fork's too (all below first)
+    c.execute("INSERT INTO run_call (run_id, call_id, seq, entry) "
+              "SELECT ?1, call_id, seq, entry FROM run_call WHERE run_id = ?2", (new_id, run_id))
     feed.record(c, "run", "fork", None, new_id, None, None, first, end - first)
 
 
-# The tool_call / tool_result entries of one call id, newest first: the partial index
-# run_entry_call (schema.sql), so one probe whatever the run's length. INDEXED BY: with
-# no statistics the planner would scan the run's entries by the primary key instead.
-_LAST_CALL = """
-SELECT seq, entry FROM run_entry INDEXED BY run_entry_call
-WHERE run_id = ?1 AND CASE WHEN json_valid(entry) THEN json_extract(entry, '$.call_id') END = ?2
-  AND CASE WHEN json_valid(entry) THEN json_extract(entry, '$.type') END IN ('tool_call', 'tool_result')
+# A call's entries are those tool_call / tool_result entries whose call_id is the JSON string
+# of the call id (json_extract keeps the number 7 and the string "7" apart).
+_IS_CALL = ("CASE WHEN json_valid(entry) THEN json_extract(entry, '$.type') END "
+            "IN ('tool_call', 'tool_result')")
+_CALL_ID = "CASE WHEN json_valid(entry) THEN json_extract(entry, '$.call_id') END"
+
+# The newest entry of one call id: the partial index run_entry_call (schema.sql), so one
+# probe whatever the run's length (INDEXED BY: with no statistics the planner would scan
+# the run's entries by the primary key instead); else what a trim kept of it (run_call).
+_LAST_CALL = f"""
+SELECT seq, entry FROM (
+    SELECT * FROM (SELECT seq, entry FROM run_entry INDEXED BY run_entry_call
+                   WHERE run_id = ?1 AND {_CALL_ID} = ?2 AND {_IS_CALL} AND {{claims}}
+                   ORDER BY seq DESC LIMIT 1)
+    UNION ALL
+    SELECT seq, entry FROM run_call WHERE run_id = ?1 AND call_id = ?2 AND {{claims}})
 ORDER BY seq DESC LIMIT 1"""
+_LAST = {False: _LAST_CALL.format(claims="1"),
+         True: _LAST_CALL.format(claims="json_extract(entry, '$.type') = 'tool_call'")}
+
+# What a trim to ?2 keeps of the calls it removes: the newest entry of each call id (a
+# string: what once() looks up), unless run_call has a newer one.
+_KEEP_CALLS = f"""
+INSERT INTO run_call (run_id, call_id, seq, entry)
+SELECT ?1, cid, seq, entry FROM (
+    SELECT {_CALL_ID} AS cid, seq, entry,
+           row_number() OVER (PARTITION BY {_CALL_ID} ORDER BY seq DESC) AS newest
+    FROM run_entry INDEXED BY run_entry_call
+    WHERE run_id = ?1 AND seq < ?2 AND {_IS_CALL}
+      AND CASE WHEN json_valid(entry) THEN json_type(entry, '$.call_id') END = 'text')
+WHERE newest = 1
+ON CONFLICT (run_id, call_id) DO UPDATE SET seq = excluded.seq, entry = excluded.entry
+WHERE excluded.seq > run_call.seq"""
 
 
-def last_call(c: Conn, run_id: str, call_id: str) -> tuple[int, str] | None:
-    """The newest tool_call or tool_result entry of ``call_id`` (seq, JSON text), or None."""
-    return c.execute(_LAST_CALL, (run_id, call_id)).fetchone()
+def last_call(c: Conn, run_id: str, call_id: str, claims: bool = False) -> tuple[int, str] | None:
+    """The newest tool_call or tool_result entry of ``call_id`` (``claims``: the newest
+    tool_call) as (seq, JSON text), or None."""
+    return c.execute(_LAST[claims], (run_id, call_id)).fetchone()

@@ -137,5 +137,10 @@ def _v3_to_v4(c: apsw.Connection, schema: str) -> None:
         c.execute(schema_object(schema, name))
 
 
+def _v4_to_v5(c: apsw.Connection, schema: str) -> None:
+    """0.4: the calls a trim took out of a run's history (SPEC §16)."""
+    c.execute(schema_object(schema, "run_call"))
+
+
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}

@@ -13,7 +13,8 @@ from typing import Any
 import apsw
 
 from ...errors import InvalidTransition, LeaseLost, NotFound, SessionBusy
-from ..base import LEASED, Conn, effective_status, now_iso, turn_live
+from ..base import Conn, now_iso
+from ..leases import LEASED, effective_status, turn_live
 from . import feed, kv
 
 OPEN = ('queued', 'running', 'held', 'decided', 'resuming', 'expired')  # what turn_by_status indexes

@@ -369,6 +369,11 @@ class Store(GroupCommit):
     def in_write(self) -> bool:
         return bool(getattr(self._local, "depth", 0))
 
+    def in_snapshot(self) -> bool:
+        """A read transaction of this thread is open outside a write: snapshot()."""
+        c = getattr(self._local, "conn", None)
+        return not self.in_write() and c is not None and c.in_transaction
+
     def query(self, sql: str, args: Any = ()) -> list[tuple[Any, ...]]:
         with self.read() as c:
             return c.execute(sql, args).fetchall()

@@ -12,6 +12,7 @@ from typing import Any
 import agentstate
 from agentstate._encoding import check_key
 from agentstate._runs import RunHead, parse_time
+from agentstate.backends.leases import claim_live
 from agentstate.errors import CursorExpired
 
 from .. import _json
@@ -215,10 +216,11 @@ def snapshot_page(db: agentstate.Database, run_id: str) -> tuple[Any, bytes]:
     return rh.snapshot, stored_text(snapshot)
 
 
-def turn_live(db: agentstate.Database, turn_id: str) -> bool:
-    """Whether a turn holds its lease (a once() claim fenced by it is still live); whoever
-    asks, as runs have no owner and only the claim's state is shown."""
+def fence_holds(db: agentstate.Database, turn_id: str) -> bool:
+    """Whether a once() claim fenced by the turn is still live (``claim_live``: the turn
+    holds its lease, or is held or decided); whoever asks, as runs have no owner and only
+    the claim's state is shown."""
     try:
-        return db.sessions.get_turn(turn_id, SEE_ALL).status in ("running", "resuming")
+        return claim_live(db.sessions.get_turn(turn_id, SEE_ALL).status)
     except agentstate.AgentStateError:
         return False

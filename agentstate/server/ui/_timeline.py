@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentstate.backends.base import call_state
+from agentstate.backends.leases import call_state
 
 LATER_CAP = 10_000  # entries after the page searched for a call's result
 CHUNK = 20  # entries read at a time: each may be 16 MiB (the store's limit)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 from importlib import resources
@@ -193,8 +192,8 @@ class UI:
         budget = [LIMITS.run_page_search]
         items = await h.blocking(timeline, rp.entries,
                                  lambda since, n: pages.entries(self.db, run_id, since, n, budget))
-        await h.blocking(mark_claims, items, functools.partial(pages.turn_live, self.db),
-                         time.time())
+        await h.blocking(mark_claims, items, functools.partial(pages.fence_holds, self.db),
+                         await h.blocking(self.db._ops.clock))  # the store's clock (SPEC §16)
         return await self.render(request, "run.html", s, rp=rp, items=items,
                            watch=f"run::{run_id}" if rp.newest else "")
 

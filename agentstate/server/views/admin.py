@@ -17,7 +17,7 @@ async def settings(api: API, c: Call) -> Response:
 
 async def set_setting(api: API, c: Call) -> Response:
     b = await c.json(SettingBody)
-    await h.blocking(api.db.set_setting, c.params["name"], b.value)
+    await h.blocking(c.db.set_setting, c.params["name"], b.value)
     return h.JSON(await h.blocking(api.db.settings))
 
 
@@ -37,7 +37,10 @@ async def whoami(api: API, c: Call) -> Response:
 
 
 async def health(api: API, c: Call) -> Response:
-    return h.JSON({"ok": True, "version": agentstate.__version__})
+    """Liveness, the version, and the store's clock (SPEC §16: leases are judged by it;
+    the remote client's ``clock()`` reads it here)."""
+    return h.JSON({"ok": True, "version": agentstate.__version__,
+                   "now": await h.blocking(api.db._ops.clock)})
 
 
 async def openapi(api: API, c: Call) -> Response:

@@ -78,7 +78,7 @@ async def run_head(api: API, c: Call) -> Response:
 
 
 async def run_delete(api: API, c: Call) -> Response:
-    return h.JSON({"deleted": await h.blocking(api.db.runs.delete, c.params["run_id"])})
+    return h.JSON({"deleted": await h.blocking(c.db.runs.delete, c.params["run_id"])})
 
 
 async def run_write(api: API, c: Call) -> Response:
@@ -112,18 +112,18 @@ async def run_load(api: API, c: Call) -> Response:
 async def run_fork(api: API, c: Call) -> Response:
     b = await c.json(ForkBody)
     c.need("runs", _run_id(b.new_id), True)  # the route's entry checked the run forked
-    await h.blocking(api.db.runs.fork, c.params["run_id"], b.new_id, upto=b.upto)
+    await h.blocking(c.db.runs.fork, c.params["run_id"], b.new_id, upto=b.upto)
     return h.JSON({"id": b.new_id})
 
 
 async def run_trim(api: API, c: Call) -> Response:
     b = await c.json(TrimBody)
-    return h.JSON({"removed": await h.blocking(api.db.runs.trim, c.params["run_id"], before=b.before)})
+    return h.JSON({"removed": await h.blocking(c.db.runs.trim, c.params["run_id"], before=b.before)})
 
 
 async def runs_prune(api: API, c: Call) -> Response:
     b = await c.json(PruneRunsBody)
-    ids = await h.blocking(api.db.runs.prune, older_than=b.older_than, finished_only=b.finished_only)
+    ids = await h.blocking(c.db.runs.prune, older_than=b.older_than, finished_only=b.finished_only)
     return h.JSON({"runs": ids})
 
 
@@ -149,5 +149,5 @@ async def call_claim(api: API, c: Call) -> Response:
 async def call_settle(api: API, c: Call) -> Response:
     b = await c.json(SettleBody)
     text = await h.blocking(_calls.settle, c.db._ops, c.params["run_id"], c.params["call_id"],
-                            b.result, b.error, None)
+                            b.result, b.error, None, b.retry)
     return json_response(raw_object(entry=stored(text, "a run entry")))

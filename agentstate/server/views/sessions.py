@@ -32,7 +32,7 @@ def _turn(t: agentstate.Turn) -> dict[str, Any]:
 
 async def sessions_create(api: API, c: Call) -> Response:
     b = await c.json(SessionBody)
-    s = await h.blocking(api.db.sessions.create, c.p, metadata=b.metadata)
+    s = await h.blocking(c.db.sessions.create, c.p, metadata=b.metadata)
     return await c.answer(_session(s), 201)
 
 
@@ -47,17 +47,17 @@ async def session_get(api: API, c: Call) -> Response:
 
 
 async def session_delete(api: API, c: Call) -> Response:
-    await h.blocking(api.db.sessions.delete, c.params["session_id"], c.p)
+    await h.blocking(c.db.sessions.delete, c.params["session_id"], c.p)
     return h.JSON({"deleted": True})
 
 
 async def sessions_prune(api: API, c: Call) -> Response:
     b = await c.json(PruneSessionsBody)
-    return h.JSON({"sessions": await h.blocking(api.db.sessions.prune, c.p, idle_for=b.idle_for)})
+    return h.JSON({"sessions": await h.blocking(c.db.sessions.prune, c.p, idle_for=b.idle_for)})
 
 
 async def session_release(api: API, c: Call) -> Response:
-    t = await h.blocking(api.db.sessions.release, c.params["session_id"], c.p)
+    t = await h.blocking(c.db.sessions.release, c.params["session_id"], c.p)
     return await c.answer(_turn(t))
 
 
@@ -78,7 +78,7 @@ async def turns_by_status(api: API, c: Call) -> Response:
 
 async def turn_start(api: API, c: Call) -> Response:
     b = await c.json(TurnBody)
-    t = await h.blocking(api.db.sessions.start_turn, c.params["session_id"], c.p, input=b.input,
+    t = await h.blocking(c.db.sessions.start_turn, c.params["session_id"], c.p, input=b.input,
                          lease=b.lease, queued=b.queued)
     return await c.answer(_turn(t), 201)
 
@@ -89,7 +89,7 @@ async def turn_get(api: API, c: Call) -> Response:
 
 async def turn_action(api: API, c: Call) -> Response:
     turn_id, action, p = c.params["turn_id"], c.params["action"], c.p
-    sessions = api.db.sessions
+    sessions = c.db.sessions
     model = ACTIONS.get(action)
     if model is None:
         raise NotFound(f"no action {action!r} (start, heartbeat, hold, decide, resume, finish, fail)")
