@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+import json
 import time
 
 import httpx
@@ -297,3 +298,28 @@ def test_the_run_page_marks_claims_in_doubt_and_in_progress(ui):
     assert classes["0"] == "call" and classes["2"] == "call in-progress"
     assert classes["3"] == "call unknown in-doubt"
     assert "in doubt: claimed at" in page and "in progress: claimed at" in page
+
+
+def test_claims_are_judged_by_the_store_s_clock(pg_url, monkeypatch):
+    """On PostgreSQL the database server's clock judges a claim's lease (SPEC §16), not the
+    clock of the machine showing it: with this machine 400 s ahead, a claim of 300 s made a
+    moment ago is in progress on the run page and in `agentstate runs show`, as the claim
+    route says (they judged it by this machine's clock: in doubt)."""
+    from click.testing import CliRunner
+
+    from agentstate.cli import cli
+
+    with agentstate.open(pg_url) as db:
+        db.runs.write("r", [], None, create=True)
+        db.runs.claim("r", "c1", lease=300)
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 400)
+        app = create_app(db)
+        c = httpx.Client(transport=_Sync(app), base_url="http://t")
+        r = c.post("/ui/login", data={"token": db.tokens.create("ops", admin=True), "next": "/ui"})
+        c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+        page = c.get("/ui/runs/r").text
+        assert "in progress: claimed at" in page and "in doubt" not in page
+        shown = CliRunner().invoke(cli, ["--db", pg_url, "--json", "runs", "show", "r"])
+        assert json.loads(shown.stdout)["open_calls"] == {"c1": "in_progress"}
+        assert db.runs.claim("r", "c1").status == "in_progress"
