@@ -451,3 +451,54 @@ def test_open_long_polls_and_streams_are_bounded_per_principal_and_in_all(api):
         while app.state.api.waits.total or app.state.api.waits.open:
             assert time.monotonic() < deadline, app.state.api.waits.open
             time.sleep(0.05)
+
+
+def test_the_cap_on_open_streams_is_exact_under_a_burst(api, monkeypatch):
+    """150 streams requested at once by one token, with its cap at 64: exactly 64 open and
+    86 are refused 503 busy (the cap was checked when asked and counted once the stream
+    started: 66-101 got through); the pages' stream keeps the same count; a refused
+    stream reads nothing of the feed (SPEC §16)."""
+    from agentstate.server import _feedread
+    from agentstate.server._limits import LIMITS
+
+    client, db, tok, app = api
+    reads = [0]
+    real = _feedread.read
+
+    def counted(*a, **kw):
+        reads[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_feedread, "read", counted)
+    waits = app.state.api.waits
+    with running(app) as url:
+        async def burst(n: int, path: str, **kw) -> list[int]:
+            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=n),
+                                         **kw) as ac:
+                async def one() -> tuple[int, object]:
+                    cm = ac.stream("GET", url + path)
+                    r = await cm.__aenter__()
+                    return r.status_code, cm
+
+                got = await asyncio.gather(*(one() for _ in range(n)))
+                statuses = [s for s, _ in got]
+                assert waits.open.get("bob", 0) == statuses.count(200)
+                for _, cm in got:
+                    await cm.__aexit__(None, None, None)
+                return statuses
+
+        bob = {"authorization": f"Bearer {tok['bob']}"}
+        statuses = asyncio.run(burst(150, "/v1/changes/stream", headers=bob))
+        assert (statuses.count(200), statuses.count(503)) == (64, 86)
+        page = sign_in(app, tok["bob"])
+        cookies = {COOKIE: page.signin}
+        statuses = asyncio.run(burst(80, "/ui/stream", cookies=cookies))
+        assert (statuses.count(200), statuses.count(503)) == (64, 16)
+        deadline = time.monotonic() + 20
+        while waits.total:
+            assert time.monotonic() < deadline, waits.open
+            time.sleep(0.05)
+        with LIMITS.override(waits_per_principal=0):
+            reads[0] = 0
+            statuses = asyncio.run(burst(10, "/v1/changes/stream", headers=bob))
+            assert statuses == [503] * 10 and reads[0] == 0

@@ -117,31 +117,43 @@ class Notifier:
 class Waits:
     """The long polls and streams open now, by principal: each holds a connection and wakes
     every second, so their number is bounded (``LIMITS.waits``; a non-admin principal's,
-    ``LIMITS.waits_per_principal``). ``check`` before the answer starts, ``hold`` while it runs."""
+    ``LIMITS.waits_per_principal``). ``take`` checks and counts one in the same step (on the
+    event loop, with no await between: exact under any burst, SPEC §16), before anything
+    is read for it; its release ends it."""
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
         self.total = 0
 
-    def check(self, p: agentstate.Principal) -> None:
+    def take(self, p: agentstate.Principal) -> Callable[[], None]:
+        """Count one more for ``p`` (Busy past a limit); the function that releases it
+        (idempotent)."""
         if self.total >= LIMITS.waits:
             raise Busy(f"the server holds {self.total} long polls and streams open, its limit: "
                        "try again later")
         if not p.admin and self.open.get(p.name, 0) >= LIMITS.waits_per_principal:
             raise Busy(f"{p.name} holds {LIMITS.waits_per_principal} long polls and streams open, "
                        "the limit for one principal: close one first")
+        self.open[p.name] = self.open.get(p.name, 0) + 1
+        self.total += 1
+        held = [True]
+
+        def release() -> None:
+            if held.pop() if held else False:
+                self.total -= 1
+                self.open[p.name] -= 1
+                if not self.open[p.name]:
+                    del self.open[p.name]  # the table holds only who has one open
+
+        return release
 
     @contextmanager
     def hold(self, p: agentstate.Principal) -> Iterator[None]:
-        self.open[p.name] = self.open.get(p.name, 0) + 1
-        self.total += 1
+        release = self.take(p)
         try:
             yield
         finally:
-            self.total -= 1
-            self.open[p.name] -= 1
-            if not self.open[p.name]:
-                del self.open[p.name]  # the table holds only who has one open
+            release()
 
 
 class API:

@@ -171,13 +171,31 @@ def acting(principal: agentstate.Principal, request: Request) -> agentstate.Prin
                     "is not an admin)")
 
 
-def event_stream(request: Request, events: AsyncIterator[bytes]) -> Response:
+class _Stream(StreamingResponse):
+    """A stream that calls ``release`` when it ends however it ends (its client gone before
+    its first byte too: its events are then never iterated, so their own finally never runs)."""
+
+    def __init__(self, events: AsyncIterator[bytes], release: Callable[[], None],
+                 **kw: Any) -> None:
+        super().__init__(events, **kw)
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+def event_stream(request: Request, events: AsyncIterator[bytes],
+                 release: Callable[[], None] = lambda: None) -> Response:
     """Server-sent events; for HEAD only the headers (a stream never ends by itself, and a
-    HEAD response that never ended wedged its keep-alive connection)."""
+    HEAD response that never ended wedged its keep-alive connection). ``release``: called
+    when the response ends (``Waits.take``'s)."""
     headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
     if request.method == "HEAD":
         events = _nothing()  # the GET's headers, and an end at once
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return _Stream(events, release, media_type="text/event-stream", headers=headers)
 
 
 async def _nothing() -> AsyncIterator[bytes]:

@@ -359,8 +359,14 @@ class UI:
         since = h.query_int(request, "since")
         if h.ascii_int(last_id) and int(last_id) >= 0:
             since = int(last_id)
+        # counted before anything is read for it (SPEC §16); released when the response ends
+        release = self.api.waits.take(s.principal) if request.method != "HEAD" else (lambda: None)
         if since is None:
-            since = await h.blocking(self.db.last_change)
+            try:
+                since = await h.blocking(self.db.last_change)
+            except BaseException:
+                release()
+                raise
         db, rule, signin = self.db, self.api.rule, s
 
         def read_from(cursor: int) -> Any:
@@ -375,15 +381,12 @@ class UI:
             return h.sse({}, event="resync"), await h.blocking(db.last_change)
 
         async def events() -> AsyncIterator[bytes]:
-            with self.api.waits.hold(signin.principal):
-                async for chunk in feed.stream(
-                        self.api.notifier, read_from, since, still, first=b"retry: 1000\n\n",
-                        on_expired=expired, denied=lambda e: h.sse({}, event="signedout")):
-                    yield chunk
+            async for chunk in feed.stream(
+                    self.api.notifier, read_from, since, still, first=b"retry: 1000\n\n",
+                    on_expired=expired, denied=lambda e: h.sse({}, event="signedout")):
+                yield chunk
 
-        if request.method != "HEAD":
-            self.api.waits.check(signin.principal)
-        return h.event_stream(request, events())
+        return h.event_stream(request, events(), release)
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]

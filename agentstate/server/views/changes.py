@@ -41,8 +41,6 @@ async def changes(api: API, c: Call) -> Response:
     if c.request.method == "HEAD":
         wait = 0.0  # the headers of a GET, at once
     read = functools.partial(feed.read, api.db, api.rule)
-    if wait:
-        api.waits.check(c.p)
     deadline = time.monotonic() + wait
     gone = asyncio.ensure_future(h.disconnected(c.request)) if wait else None
     try:
@@ -82,7 +80,14 @@ async def changes_stream(api: API, c: Call) -> Response:
     def read_from(cursor: int) -> Any:
         return feed.read(api.db, api.rule, p, cursor, limit, flt, c.rules)
 
-    first = await h.blocking(read_from, since)  # a bad cursor: its status, before the 200
+    # Counted before anything is read for it (SPEC §16: a refused stream reads nothing);
+    # released when the response ends (h.event_stream), or here if it never starts.
+    release = api.waits.take(p) if c.request.method != "HEAD" else (lambda: None)
+    try:
+        first = await h.blocking(read_from, since)  # a bad cursor: its status, before the 200
+    except BaseException:
+        release()
+        raise
 
     async def still() -> None:
         nonlocal p
@@ -92,18 +97,13 @@ async def changes_stream(api: API, c: Call) -> Response:
         return feed.error_event(e), None  # the client resynchronises, as after a 410
 
     async def events() -> Any:
-        with api.waits.hold(c.p):  # from its first event to its end (a stream never started
-            shown, last, more = first  # is no stream: Starlette may never run this)
-            yield b": agentstate change stream\n\n"
-            for x in shown:
-                yield h.sse(change(x), id=x.seq)
-            if last != since and (not shown or shown[-1].seq != last):
-                yield h.sse(id=last)
-            async for chunk in feed.stream(api.notifier, read_from, last, still,
-                                           on_expired=expired):
-                yield chunk
+        shown, last, more = first
+        yield b": agentstate change stream\n\n"
+        for x in shown:
+            yield h.sse(change(x), id=x.seq)
+        if last != since and (not shown or shown[-1].seq != last):
+            yield h.sse(id=last)
+        async for chunk in feed.stream(api.notifier, read_from, last, still, on_expired=expired):
+            yield chunk
 
-    if c.request.method != "HEAD":
-        api.waits.check(c.p)
-
-    return h.event_stream(c.request, events())
+    return h.event_stream(c.request, events(), release)
