@@ -595,3 +595,43 @@ def test_a_deleted_session_stays_hidden_in_the_feed(api):
     alice.delete(f"/v1/sessions/{sid}")
     seen = bob.get("/v1/changes", params={"since": head}).json()
     assert seen["changes"] == [] and seen["last"] == db.last_change()
+
+
+def test_an_unknown_route_is_unknown_route_not_an_absent_key(any_db):
+    """An unknown path answers 404 unknown_route (SPEC §16), never not_found: the remote
+    client sent to a wrong prefix raises StorageError instead of reading "absent key" (it
+    read None for every get); a known route's absent key is still not_found."""
+    import threading
+
+    import uvicorn
+
+    from .serverproc import free_port
+
+    db = any_db
+    app = create_app(db)
+    token = db.tokens.create("ops", admin=True)
+    c = httpx.Client(transport=_Sync(app), base_url="http://t",
+                     headers={"authorization": f"Bearer {token}"})
+    for method, path in (("GET", "/v1/nope"), ("GET", "/state/v1/scopes/app/a/keys/k"),
+                         ("POST", "/v1/turns/t-1/bogus")):
+        r = c.request(method, path, json={})
+        assert (r.status_code, err(r)["code"]) == (404, "unknown_route"), (path, r.text)
+    assert err(c.get("/v1/scopes/app/a/keys/k"))["code"] == "not_found"
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        db.scope("app", "a").put("k", 1)
+        wrong = agentstate.connect(f"http://127.0.0.1:{port}/state", token=token)
+        with pytest.raises(agentstate.StorageError):
+            wrong.scope("app", "a").get("k")
+        with pytest.raises(agentstate.StorageError):
+            wrong.runs.read("r")
+        right = agentstate.connect(f"http://127.0.0.1:{port}", token=token)
+        assert right.scope("app", "a").get("k") == 1 and right.runs.read("r") is None
+    finally:
+        server.should_exit = True
+        thread.join(30)

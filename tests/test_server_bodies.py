@@ -3,6 +3,7 @@ bodies parsed off the event loop, and the request limits stated in one place."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -332,3 +333,110 @@ def test_several_values_with_bytes_that_are_not_json_are_a_400(api):
     for r in (c.get("/v1/scopes/app/a/items"),
               c.post("/v1/scopes/app/a/get_many", json={"keys": ["b"]})):
         assert r.status_code == 400 and err(r)["code"] == "invalid_value", r.text
+
+
+async def _slow_request(app, method: str, path: str, headers: dict[str, str], body: bytes,
+                        meanwhile) -> tuple[int, bytes]:
+    """``app`` called with a body that arrives in two parts, ``meanwhile()`` (a coroutine
+    function) running between them: the status and body of its answer."""
+    half = len(body) // 2
+    parts = [body[:half], body[half:]]
+    sent: list[dict] = []
+
+    async def receive():
+        if len(parts) == 2:
+            return {"type": "http.request", "body": parts.pop(0), "more_body": True}
+        if parts:
+            await meanwhile()
+            return {"type": "http.request", "body": parts.pop(0), "more_body": False}
+        await asyncio.sleep(3600)  # the client stays
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": [(k.lower().encode(), v.encode())
+                                              for k, v in headers.items()],
+             "http_version": "1.1", "scheme": "http", "server": ("t", 80), "client": ("c", 1),
+             "root_path": ""}
+    async with asyncio.timeout(60):
+        await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_a_token_revoked_or_expired_while_its_body_arrives_writes_nothing(api):
+    """The token is checked when the headers arrive and again once the body is read (SPEC
+    §16): revoked, or past its --expires, meanwhile: 401 and nothing written (a slow body's
+    writes landed seconds later with 200)."""
+    from agentstate.server._api import TOKEN_CACHE_S
+
+    client, db, tok, app = api
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            bob = db.tokens.create("carol")
+            body = json.dumps({"value": "x" * 1000}).encode()
+            headers = {"authorization": f"Bearer {bob}", "content-type": "application/json",
+                       "content-length": str(len(body))}
+
+            async def revoke():
+                await asyncio.to_thread(db.tokens.revoke, "carol")
+                await asyncio.sleep(TOKEN_CACHE_S + 0.2)  # past what a server may cache
+
+            head = db.last_change()
+            status, answer = await _slow_request(app, "PUT", "/v1/scopes/app/a/keys/k", headers,
+                                                 body, revoke)
+            assert status == 401 and json.loads(answer)["error"]["code"] == "unauthorized"
+            assert db.last_change() == head and db.scope("app", "a").get("k") is None
+            brief = db.tokens.create("dave", expires=1.0)
+            headers["authorization"] = f"Bearer {brief}"
+            before = digest(db)
+
+            async def lapse():
+                await asyncio.sleep(1.3)
+
+            status, _ = await _slow_request(app, "PUT", "/v1/scopes/app/a/keys/k", headers, body,
+                                            lapse)
+            assert status == 401 and digest(db) == before
+            status, _ = await _slow_request(app, "POST", "/v1/batch", headers, json.dumps(
+                {"ops": [{"op": "put", "scope": "app:a", "key": "k", "value": 1}]}).encode(),
+                                            lapse)
+            assert status == 401 and digest(db) == before
+
+    asyncio.run(main())
+
+
+def test_a_sign_in_ended_while_its_decision_arrives_decides_nothing(api):
+    """The pages' decide form: a sign-in that ended (its token revoked) while the form was
+    on its way decides nothing (401)."""
+    from agentstate.server.ui._signin import COOKIE, RECHECK_S, csrf_of
+
+    client, db, tok, app = api
+    import agentstate
+
+    p = agentstate.Principal("erin")
+    s = db.sessions.create(p)
+    turn = db.sessions.start_turn(s.id, p)
+    turn.hold({"ask": "ok?"})
+    token = db.tokens.create("erin")
+    page = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
+    signin = page.post("/ui/login", data={"token": token, "next": "/ui"}).cookies[COOKIE]
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            body = f"csrf={csrf_of(signin)}&decision=%7B%22yes%22%3Atrue%7D".encode()
+            headers = {"cookie": f"{COOKIE}={signin}", "host": "t", "origin": "http://t",
+                       "content-type": "application/x-www-form-urlencoded",
+                       "content-length": str(len(body))}
+
+            async def revoke():
+                await asyncio.to_thread(db.tokens.revoke, "erin")
+                await asyncio.sleep(RECHECK_S + 0.2)
+
+            status, _ = await _slow_request(app, "POST", f"/ui/turns/{turn.id}/decide", headers,
+                                            body, revoke)
+            assert status == 401
+
+    asyncio.run(main())
+    assert db.sessions.get_turn(turn.id, p).status == "held"

@@ -278,9 +278,14 @@ class Call:
             self.api.big.release()
 
     async def raw(self, limit: int | None = None) -> bytes:
-        """The body's bytes, up to the route's limit; a big one waits for its turn."""
-        return await h.read_body(self.request, limit or self.route.limit, LIMITS.big_body,
+        """The body's bytes, up to the route's limit; a big one waits for its turn. The
+        caller is checked again once it has arrived (SPEC §16): a token revoked or expired
+        while the body was on its way is Unauthorized, and nothing is written."""
+        body = await h.read_body(self.request, limit or self.route.limit, LIMITS.big_body,
                                  self._wait_turn, LIMITS.big_body_seconds)
+        if self._p is not None:
+            await self.still()
+        return body
 
     async def json(self, model: type[BaseModel] | None = None,
                    check: Callable[[dict[str, Any]], None] | None = None) -> Any:

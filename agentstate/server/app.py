@@ -40,9 +40,13 @@ async def on_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, json.JSONDecodeError):
         return h.error_response(InvalidValue(f"stored bytes are not JSON: {exc}"))
     if isinstance(exc, HTTPException):  # no such route, or a method it does not take
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        # unknown_route, never not_found: a client that reached the wrong path (a proxy's
+        # prefix not stripped) must not read "absent key" (SPEC §16)
+        code = {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        detail = ("no such route (is a proxy's path prefix left in the URL?)"
+                  if exc.status_code == 404 and exc.detail == "Not Found" else exc.detail)
         return h.JSON({"error": {"code": code, "message": f"{request.method} {request.url.path}: "
-                                 f"{exc.detail}"}}, status_code=exc.status_code)
+                                 f"{detail}"}}, status_code=exc.status_code)
     if isinstance(exc, ClientDisconnect):  # it left halfway through its body: nobody to answer
         return Response(status_code=400)
     log.exception("unexpected error in %s %s", request.method, request.url.path)

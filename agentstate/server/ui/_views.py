@@ -253,6 +253,9 @@ class UI:
     async def decide(self, request: Request, s: SignIn) -> Response:
         turn_id = request.path_params["turn_id"]
         f = await self.form(request)
+        if await self.signins.recheck(s) is None:  # ended while the form was on its way
+            return await self.render(request, "error.html", None, 401, title="Signed out",
+                                     message="Sign in again: the sign-in has ended.")
         if not same_origin(request) or not csrf_ok(s, f.get("csrf", "")):
             return await self.render(request, "error.html", s, 403, title="Refused",
                                message="the form did not come from this page (reload it and try again)")

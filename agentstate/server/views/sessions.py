@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 import agentstate
-from agentstate.errors import NotFound
 
 from .. import _http as h
 from .._api import API, Call, iso, next_after, page
@@ -91,8 +91,9 @@ async def turn_action(api: API, c: Call) -> Response:
     turn_id, action, p = c.params["turn_id"], c.params["action"], c.p
     sessions = c.db.sessions
     model = ACTIONS.get(action)
-    if model is None:
-        raise NotFound(f"no action {action!r} (start, heartbeat, hold, decide, resume, finish, fail)")
+    if model is None:  # no such route: not an unknown turn
+        raise HTTPException(404, f"no turn action {action!r} (start, heartbeat, hold, decide, "
+                                 "resume, finish, fail)")
     b = await c.json(model)
 
     def act() -> agentstate.Turn:
