@@ -748,3 +748,53 @@ def test_the_dot_ids_of_a_path_are_checked_as_the_handler_reads_them(db):
         assert code(c.get(path)) == "forbidden", path
     with pytest.raises(agentstate.InvalidValue):
         db.tokens.create("bob", grants=["thread:~."])
+
+
+def _many_rules() -> list[str]:
+    """1,000 rules (the most a token takes): exact ids, prefixes of 199 lengths (the
+    deepest SQL a grouping by length could make), runs, session-kind ones."""
+    rules = [f"thread:t-{i}" for i in range(300)]
+    rules += ["user:" + "u" * n + "*" for n in range(1, 200)]
+    rules += [f"agent:a{i}*=r" for i in range(200)]
+    rules += [f"runs:r-{i}" for i in range(200)]
+    rules += [f"session:plain-{i}" for i in range(101)]
+    assert len(rules) == _grants.MAX_RULES
+    return rules
+
+
+def test_a_token_with_a_thousand_rules_is_answered_on_every_route(any_db):
+    """However many rules a token has (up to 1,000), the feed, the long poll, the stream,
+    the list of runs and the pages answer it on both backends (SPEC §16; on a file past
+    ~990 rules every one of them was 500 "Expression tree is too large"), showing exactly
+    what its rules cover."""
+    db = any_db
+    rules = _many_rules()
+    token = db.tokens.create("many", grants=rules)
+    writes = [("thread", "t-5"), ("thread", "t-500"), ("user", "uuuu-x"), ("user", "x"),
+              ("agent", "a17x"), ("agent", "b"), ("session", "plain-3"), ("session", "plain-x")]
+    for kind, sid in writes:
+        db.scope(kind, sid).put("k", 1)
+    for run_id in ("r-7", "r-700"):
+        db.runs.write(run_id, [ENTRY], None, create=True)
+    want = [ch.seq for ch in db.changes(0)
+            if model_allows(rules, "runs" if ch.topic == "run" else ch.kind, ch.scope_id, False)]
+    assert len(want) == 5
+    app = create_app(db)
+    c = client(app, token)
+    d = c.get("/v1/changes", params={"since": 0}).json()
+    assert [ch["seq"] for ch in d["changes"]] == want and d["last"] == db.last_change()
+    d = c.get("/v1/changes", params={"since": 0, "wait": 1}).json()
+    assert [ch["seq"] for ch in d["changes"]] == want
+    assert [r["id"] for r in c.get("/v1/runs").json()["runs"]] == ["r-7"]
+    page = sign_in(app, token)
+    for path in ("/ui", "/ui/changes", "/ui/runs", "/ui/runs/r-7"):
+        assert page.get(path).status_code == 200, path
+    with running(app) as url, httpx.stream("GET", url + "/v1/changes/stream?since=0", timeout=30,
+                                           headers={"authorization": f"Bearer {token}"}) as s:
+        seen = []
+        for ev in events(s.iter_lines()):
+            if "data" in ev:
+                seen.append(json.loads(ev["data"])["seq"])
+            if int(ev.get("id", 0)) >= db.last_change():
+                break
+    assert seen == want

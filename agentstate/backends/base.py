@@ -168,43 +168,67 @@ class Readable:
 
 
 class GrantSQL:
-    """How a backend writes the SQL of SPEC §15's rules: a parameter's placeholder, an id a
-    rule covers, and "not an id of a session's form". The rules themselves are written once,
-    below (``readable_sql``, ``runs_sql``), for both backends."""
+    """How a backend writes the SQL of SPEC §15's rules: a parameter's placeholder, "the
+    column is one of these texts" (a list parameter), and "not an id of a session's form".
+    The rules themselves are written once, below (``readable_sql``, ``runs_sql``), for both
+    backends.
+
+    However many rules a token has (up to 1,000), the SQL has a bounded number of terms:
+    the rules of one kind become one membership test of their exact ids and one per
+    prefix length (``substr(id, 1, n)`` among the prefixes of that length), joined by a
+    balanced OR (SQLite refuses an expression nested 1,000 deep, which a chain of 1,000
+    ORs is: "Expression tree is too large")."""
 
     true: str = "true"
 
     def param(self, name: str) -> str:
         raise NotImplementedError
 
-    def prefix_match(self, column: str, name: str, prefix: str) -> str:
+    def one_of(self, expr: str, name: str) -> str:
+        """SQL true where ``expr`` is one of the texts of the list parameter ``name``."""
         raise NotImplementedError
+
+    def texts(self, values: list[str]) -> Any:
+        """A list of texts as ``one_of``'s parameter takes it."""
+        return values
 
     def not_a_session(self, column: str) -> str:
         raise NotImplementedError
 
-    def id_match(self, rule: Rule, column: str, params: dict[str, Any], name: str) -> str:
-        """SQL that is true where ``column`` is an id ``rule`` covers."""
-        if rule.prefix and not rule.id:
+    def ids_match(self, rules: list[Rule], column: str, params: dict[str, Any],
+                  name: str) -> str:
+        """SQL true where ``column`` is an id one of ``rules`` (all of one kind) covers."""
+        if any(r.prefix and not r.id for r in rules):
             return self.true
-        params[name] = rule.id
-        return (self.prefix_match(column, name, rule.id) if rule.prefix
-                else f"{column} = {self.param(name)}")
+        exact = sorted({r.id for r in rules if not r.prefix})
+        by_length: dict[int, set[str]] = {}
+        for r in rules:
+            if r.prefix:
+                by_length.setdefault(len(r.id), set()).add(r.id)
+        terms = []
+        if exact:
+            params[name] = self.texts(exact)
+            terms.append(self.one_of(column, name))
+        for n, prefixes in sorted(by_length.items()):  # ids are ASCII: chars are bytes
+            params[f"{name}_{n}"] = self.texts(sorted(prefixes))
+            terms.append(self.one_of(f"substr({column}, 1, {n})", f"{name}_{n}"))
+        return any_of(terms)
 
     def readable_sql(self, r: Readable, params: dict[str, Any]) -> str:
         """The changes a token with grants may read (``Readable``), as one condition."""
         params["owner"] = r.owner
         terms = ["(topic = 'session' OR (topic = 'kv' AND kind = 'session')) AND scope_id IN "
                  f"(SELECT id FROM session WHERE owner = {self.param('owner')})"]
-        for i, rule in enumerate(r.rules):
-            match = self.id_match(rule, "scope_id", params, f"g{i}")
-            if rule.kind == RUNS:
-                terms.append(f"topic = 'run' AND {match}")
-            else:
-                params[f"k{i}"] = rule.kind
-                terms.append(f"topic = 'kv' AND kind = {self.param(f'k{i}')} AND {match}" + (
-                    f" AND {self.not_a_session('scope_id')}" if rule.kind == "session" else ""))
-        return "(" + " OR ".join(f"({t})" for t in terms) + ")"
+        runs = r.runs()
+        if runs:
+            terms.append(f"topic = 'run' AND {self.ids_match(runs, 'scope_id', params, 'runs')}")
+        for i, kind in enumerate(sorted({rule.kind for rule in r.scopes()})):
+            params[f"k{i}"] = kind
+            match = self.ids_match([x for x in r.rules if x.kind == kind], "scope_id", params,
+                                   f"g{i}")
+            terms.append(f"topic = 'kv' AND kind = {self.param(f'k{i}')} AND {match}" + (
+                f" AND {self.not_a_session('scope_id')}" if kind == "session" else ""))
+        return any_of([f"({t})" for t in terms])
 
     def runs_sql(self, grants: tuple[Rule, ...], params: dict[str, Any]) -> str | None:
         """The runs a token with ``grants`` may list, as one condition; None when no
@@ -212,8 +236,15 @@ class GrantSQL:
         rules = [r for r in grants if r.kind == RUNS]
         if not rules:
             return None
-        return "(" + " OR ".join(self.id_match(r, "id", params, f"g{i}")
-                                 for i, r in enumerate(rules)) + ")"
+        return "(" + self.ids_match(rules, "id", params, "runs") + ")"
+
+
+def any_of(terms: list[str]) -> str:
+    """``terms`` joined by OR as a balanced tree (its depth grows with log2 of their count)."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return f"({any_of(terms[:half])} OR {any_of(terms[half:])})"
 
 
 # -- the seam ---------------------------------------------------------------------------

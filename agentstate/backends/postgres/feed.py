@@ -65,8 +65,8 @@ class _GrantSQL(GrantSQL):
     def param(self, name: str) -> str:
         return f"%({name})s"
 
-    def prefix_match(self, column: str, name: str, prefix: str) -> str:
-        return f"starts_with({column}, %({name})s)"
+    def one_of(self, expr: str, name: str) -> str:
+        return f"{expr} = ANY(%({name})s::text[])"
 
     def not_a_session(self, column: str) -> str:
         return f"{column} !~ '^s-[0-9a-f]{{32}}$'"

@@ -7,8 +7,8 @@ rows past the retention (the bounded housekeeping of ``admin.purge``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
-
 
 from ..base import SETTINGS, Conn, Filters, GrantSQL, Readable, check_cursor, iso, now_iso
 
@@ -74,8 +74,12 @@ class _GrantSQL(GrantSQL):
     def param(self, name: str) -> str:
         return f":{name}"
 
-    def prefix_match(self, column: str, name: str, prefix: str) -> str:
-        return f"substr({column}, 1, {len(prefix)}) = :{name}"  # ids are ASCII: chars are bytes
+    def texts(self, values: list[str]) -> str:
+        return json.dumps(values)
+
+    def one_of(self, expr: str, name: str) -> str:
+        # a JSON array bound once; IN builds an index of it once per statement
+        return f"{expr} IN (SELECT value FROM json_each(:{name}))"
 
     def not_a_session(self, column: str) -> str:
         return f"{column} NOT GLOB '{SESSION_FORM}'"
