@@ -101,7 +101,7 @@ class Scope:
 
     def _writer(self, fence: Any) -> Ops:
         """The operations a write goes through: fenced by ``fence`` (a Turn or a turn id)
-        on top of the scope's own fence, if any (SPEC §14)."""
+        instead of the scope's own fence, if given (SPEC §16), else by the scope's."""
         turn_id = check_fence(fence)
         return self._ops if turn_id is None else self._ops.fenced(turn_id)
 

@@ -126,6 +126,44 @@ def test_a_fenced_write_fails_its_whole_transaction(db):
     assert digest(db) == before
 
 
+def test_a_caught_lease_lost_still_dooms_its_transaction(db):
+    """A fenced write that fails with LeaseLost inside transaction() dooms the block even if
+    the exception is caught (SPEC §16): the block ends with LeaseLost and writes nothing
+    (the plain writes before and after the caught one committed)."""
+    s, old, _new = taken_over(db)
+    before = digest(db)
+    with pytest.raises(LeaseLost) as e:
+        with db.transaction():
+            db.scope("app", "a").put("before", 1)
+            with db.transaction():  # a nested block: the outermost one is doomed
+                try:
+                    db.scope("session", s.id).put("k", 1, fence=old)
+                except LeaseLost:
+                    pass
+            db.scope("app", "a").put("after", 1)
+    assert e.value.turn_id == old.id
+    assert digest(db) == before
+    with db.transaction():  # the next block is not doomed
+        db.scope("app", "a").put("next", 1)
+    assert db.scope("app", "a").get("next") == 1 and db.scope("app", "a").get("before") is None
+
+
+def test_a_call_s_fence_replaces_the_scope_s(db):
+    """fence= on a call of a fenced scope replaces the scope's fence for that call (SPEC
+    §16): a scope fenced by a lapsed turn writes with a live turn's fence, and a scope fenced
+    by the live turn does not write with the lapsed one's."""
+    s, old, new = taken_over(db)
+    stale, fresh = db.scope("session", s.id, fence=old), db.scope("session", s.id, fence=new)
+    assert stale.put("k", 1, fence=new) == 1
+    assert stale.append("l", [1], fence=new).length == 1
+    before = digest(db)
+    with pytest.raises(LeaseLost) as e:
+        fresh.put("k", 2, fence=old)
+    assert e.value.turn_id == old.id and digest(db) == before
+    with pytest.raises(LeaseLost):
+        stale.put("k", 3)
+
+
 def test_a_lapsed_turn_cannot_move_once_another_started(db):
     """heartbeat, hold and finish of the lapsed turn after the takeover: InvalidTransition."""
     s, old, _new = taken_over(db)

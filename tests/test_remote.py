@@ -61,6 +61,7 @@ LEFT_OUT = {
     "test_an_expired_key_is_absent_to_every_reader",
     # fenced writes inside transaction(), snapshot(): blocks that cannot span HTTP calls
     "test_a_fenced_write_fails_its_whole_transaction", "test_a_snapshot_sees_one_state",
+    "test_a_caught_lease_lost_still_dooms_its_transaction",
     "test_writes_inside_a_snapshot_are_usage_errors", "test_remote_snapshot_is_a_usage_error",
     # SQLite's instruction counter, on a file of its own
     "test_once_lookup_costs_the_same_at_any_run_length",

@@ -8,6 +8,7 @@ write path); reads that must agree with each other share one snapshot.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import hashlib
 import hmac
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 from .._encoding import decode
 from .._grants import Rule
-from ..errors import Forbidden, InvalidTransition, NotFound, RunNotFound, UsageError
+from ..errors import Forbidden, InvalidTransition, LeaseLost, NotFound, RunNotFound, UsageError
 from .base import TOKEN_ID, Backend, Filters, Readable, Row, Sets, Stored, Ttl, iso
 from .leases import SETTLED, call_state, claim_count, claim_live, effective_status
 
@@ -35,6 +36,10 @@ def digest(secret: str) -> str:
 
 
 _NO_TURN = nullcontext()
+# The LeaseLost refusals of the transaction() block the running code is inside of (None:
+# outside one): any one of them ends the block with it, writing nothing.
+_doomed: contextvars.ContextVar[list[LeaseLost] | None] = contextvars.ContextVar(
+    "agentstate_doomed", default=None)
 
 
 class LocalOps:
@@ -70,8 +75,19 @@ class LocalOps:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        with self.store.write():
-            yield
+        if _doomed.get() is not None:  # nested: the outermost block ends it
+            with self.store.write():
+                yield
+            return
+        lost: list[LeaseLost] = []
+        token = _doomed.set(lost)
+        try:
+            with self.store.write():
+                yield
+                if lost:  # a fenced write was refused, even if the block caught it
+                    raise lost[0]
+        finally:
+            _doomed.reset(token)
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -111,7 +127,13 @@ class LocalOps:
         ops = copy.copy(self)
 
         def write(fn: Callable[..., T], *args: Any) -> T:
-            return self.store.call_write(self._fence_then, turn_id, owner, fn, *args)
+            try:
+                return self.store.call_write(self._fence_then, turn_id, owner, fn, *args)
+            except LeaseLost as e:
+                lost = _doomed.get()
+                if lost is not None:  # dooms the transaction() block it is in (SPEC §16)
+                    lost.append(e)
+                raise
 
         ops._write, ops._fence = write, turn_id
         return ops
