@@ -232,3 +232,34 @@ def test_sql_allows_what_a_reader_writes(any_db):
         assert rows, query
         if expected is not None:
             assert rows == expected, query
+
+
+def test_python_s_sqlite3_cannot_open_a_file_this_process_holds(tmp_path, monkeypatch):
+    """sqlite3.connect() of a file this process has open through agentstate raises
+    UsageError naming db.sql() (SPEC §16), by its path, a relative one, a symbolic or hard
+    link, a file: URI; nothing is opened and the store goes on; another file, and the same
+    file once every store of it is closed, open as before."""
+    import os
+    import sqlite3
+
+    path = tmp_path / "agent.db"
+    db = agentstate.open(str(path))
+    twice = agentstate.open(str(path))
+    db.scope("app", "a").put("k", 1)
+    (tmp_path / "link.db").symlink_to(path)
+    os.link(path, tmp_path / "hard.db")
+    monkeypatch.chdir(tmp_path)
+    for name, uri in ((str(path), False), ("agent.db", False), ("link.db", False),
+                      ("hard.db", False), (f"file:{path}?mode=ro", True), (path, False)):
+        with pytest.raises(agentstate.UsageError, match=r"db\.sql\(\)"):
+            sqlite3.connect(name, uri=uri)
+    sqlite3.connect(":memory:").close()
+    sqlite3.connect(str(tmp_path / "other.db")).close()
+    assert db.scope("app", "a").get("k") == 1 and db.check() == []
+    db.close()
+    with pytest.raises(agentstate.UsageError):  # another store of the file is still open
+        sqlite3.connect(str(path))
+    twice.close()
+    with sqlite3.connect(str(path)) as c:
+        assert c.execute("SELECT value FROM kv").fetchone() == ("1",)
+    c.close()

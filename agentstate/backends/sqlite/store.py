@@ -29,7 +29,7 @@ from ...errors import Busy, Closed, StorageError
 from ..base import check_owner
 from .busy import Releases, releases, wait_up_to
 from .errors import translate
-from . import schema
+from . import guard, schema
 from .group_commit import GroupCommit, _Pending
 from .transactions import Read, Write
 from .waiter import DataVersionWaiter
@@ -127,6 +127,7 @@ class Store(GroupCommit):
         self._create_file()
         self.conn()  # opens, applies the schema or refuses the file
         _stores.add(self)
+        guard.hold(self.path)
 
     # -- opening -------------------------------------------------------------
 
@@ -292,6 +293,7 @@ class Store(GroupCommit):
                 return
             self._closed = True
             conns, self._conns = self._conns, []
+        guard.release(self.path)
         for c in conns:
             try:
                 c.close(True)
