@@ -10,12 +10,15 @@ agentstate first on its path).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+
+import agentstate
 
 from .conftest import REPO
 
@@ -55,3 +58,14 @@ def test_typescript_client_suites_pass():
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"npm test failed (exit {r.returncode}):\n{out[-30000:]}"
     assert "# fail 0" in out or "ℹ fail 0" in out, out[-30000:]
+
+
+def test_the_npm_package_is_agentstate_db_at_the_release_version():
+    """SPEC §16: the npm package is agentstate-db (agentstate on npm is an unrelated project),
+    at the version of the release (the Python distribution's), in package.json and its lock."""
+    manifest = json.loads((PACKAGE / "package.json").read_text())
+    lock = json.loads((PACKAGE / "package-lock.json").read_text())
+    assert (manifest["name"], manifest["version"]) == ("agentstate-db", agentstate.__version__)
+    assert (lock["name"], lock["version"]) == ("agentstate-db", agentstate.__version__)
+    assert (lock["packages"][""]["name"], lock["packages"][""]["version"]) == (
+        "agentstate-db", agentstate.__version__)

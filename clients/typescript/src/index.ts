@@ -2,7 +2,7 @@
  * agentstate: the TypeScript client of the State API (SPEC §13).
  *
  * ```ts
- * import { connect } from "agentstate";
+ * import { connect } from "agentstate-db";
  * const db = connect("http://127.0.0.1:8765", { token });
  * await db.scope("agent", "bot").update<number>("visits", (n) => n + 1, { default: 0 });
  * ```

@@ -10,7 +10,7 @@ import {
   AgentStateError, CursorExpired, Forbidden, HistoryGap, InvalidKey, InvalidTransition, InvalidValue, NotAList, NotFound,
   RunExists, RunNotFound, SessionBusy, TooLarge, Turn, Unauthorized, VersionConflict, connect,
   type Change, type Database,
-} from "agentstate";
+} from "agentstate-db";
 import { disagreements, type Doc } from "./openapi.js";
 import { fresh, served, type Served } from "./server.js";
 

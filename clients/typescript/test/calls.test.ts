@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import {
   CallFailed, CallInProgress, InDoubt, InvalidTransition, InvalidValue, LeaseLost, NOT_RUN, RunNotFound, connect,
   type Database, type Fence, type JsonObject, type Scope, type Turn,
-} from "agentstate";
+} from "agentstate-db";
 import { fresh, served, type Served } from "./server.js";
 
 let srv: Served;

@@ -13,7 +13,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 
 import {
   CallInProgress, connect, InDoubt, InvalidTransition, LeaseLost, NOT_RUN, type Change, type Database, type JsonValue,
-} from "agentstate";
+} from "agentstate-db";
 import { parse } from "#internal/json.js";
 import { PyWorker, pythonProcess, serve, type Served } from "./server.js";
 

@@ -1,6 +1,6 @@
 /**
  * The package as a user gets it: `npm pack` makes a tarball that installs in
- * a new Node project and imports as `import { connect } from "agentstate"`,
+ * a new Node project and imports as `import { connect } from "agentstate-db"`,
  * types included; and the README's example type-checks and runs.
  */
 
@@ -12,7 +12,7 @@ import { dirname, join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { connect } from "agentstate";
+import { connect } from "agentstate-db";
 import { serve, type Served } from "./server.js";
 
 const PKG = join(dirname(fileURLToPath(import.meta.url)), "..", ".."); // build/test -> the package
@@ -54,10 +54,10 @@ describe("the packed tarball", () => {
     mkdirSync(project);
     writeFileSync(join(project, "package.json"), JSON.stringify({ name: "user-project", private: true, type: "module" }));
     await run(NPM, ["install", "--offline", ...QUIET, join(tmp, out[0]!.filename)], project);
-    assert.deepEqual(readdirSync(join(project, "node_modules")).filter((d) => !d.startsWith(".")), ["agentstate"]);
+    assert.deepEqual(readdirSync(join(project, "node_modules")).filter((d) => !d.startsWith(".")), ["agentstate-db"]);
 
     writeFileSync(join(project, "main.mjs"), `
-      import { connect, VersionConflict, NOT_RUN } from "agentstate";
+      import { connect, VersionConflict, NOT_RUN } from "agentstate-db";
       const db = connect(process.env.URL, { token: process.env.TOKEN });
       const s = db.scope("app", "packed");
       await s.put("k", 1, { ifVersion: 0 });
@@ -70,7 +70,7 @@ describe("the packed tarball", () => {
 
     // A TypeScript user with the DOM's types and no Node types: the shipped .d.ts suffice.
     writeFileSync(join(project, "use.ts"), `
-      import { connect, type Versioned, type Change } from "agentstate";
+      import { connect, type Versioned, type Change } from "agentstate-db";
       export async function f(url: string, token: string): Promise<number> {
         const db = connect(url, { token });
         const v: Versioned<number> = await db.scope("agent", "a").getVersioned<number>("n");
@@ -90,7 +90,7 @@ describe("the README", () => {
     const readme = readFileSync(join(PKG, "README.md"), "utf8");
     const example = new RegExp(`## ${heading}\\n[\\s\\S]*?\`\`\`ts\\n([\\s\\S]*?)\`\`\``).exec(readme)?.[1];
     assert.ok(example, `the README has a \`\`\`ts block under ## ${heading}`);
-    const dir = join(PKG, "build", "readme", name); // inside the package: "agentstate" resolves to itself
+    const dir = join(PKG, "build", "readme", name); // inside the package: "agentstate-db" resolves to itself
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, "example.ts"), example);
     writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
-import { Forbidden, InvalidKey, InvalidValue, RunNotFound, connect, type Database, type JsonObject } from "agentstate";
+import { Forbidden, InvalidKey, InvalidValue, RunNotFound, connect, type Database, type JsonObject } from "agentstate-db";
 import { fresh, served, type Served } from "./server.js";
 
 let srv: Served;

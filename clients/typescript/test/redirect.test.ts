@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { StorageError, connect } from "agentstate";
+import { StorageError, connect } from "agentstate-db";
 import { failure, json, serve } from "./fake.js";
 
 describe("redirects", () => {

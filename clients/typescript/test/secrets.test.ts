@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { InvalidValue, StorageError, Unauthorized, UsageError, connect } from "agentstate";
+import { InvalidValue, StorageError, Unauthorized, UsageError, connect } from "agentstate-db";
 import { Http } from "#internal/http.js";
 import { ROUTES } from "#internal/wire.js";
 import { failure } from "./fake.js";

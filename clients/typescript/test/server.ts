@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before } from "node:test";
 
-import { connect, type Database } from "agentstate";
+import { connect, type Database } from "agentstate-db";
 
 export const PYTHON = process.env.AGENTSTATE_PYTHON || "python3";
 const live = new Set<ChildProcess>();

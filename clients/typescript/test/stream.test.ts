@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import type { ServerResponse } from "node:http";
 import { describe, it } from "node:test";
 
-import { StorageError, connect } from "agentstate";
+import { StorageError, connect } from "agentstate-db";
 import { serve } from "./fake.js";
 
 /** A stream answer: `text`, then the end. */

@@ -8,10 +8,10 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { inspect } from "node:util";
 
-import * as agentstate from "agentstate";
+import * as agentstate from "agentstate-db";
 import {
   AgentStateError, CursorExpired, InvalidKey, InvalidValue, NotFound, RunNotFound, StorageError, connect,
-} from "agentstate";
+} from "agentstate-db";
 // Internal modules, by path: not part of the package's public surface.
 import { encode, parse, rawItems } from "#internal/json.js";
 import { EventParser, type SseEvent } from "#internal/feed.js";
