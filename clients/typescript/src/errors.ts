@@ -2,6 +2,11 @@
  * The errors of agentstate (SPEC §6): one class per error, with the Python
  * names, a stable `code`, the matching HTTP `status`, and the server's fields
  * in camelCase. `err instanceof VersionConflict` works as `except` does.
+ *
+ * Each class's `name` is written out (the loop after the classes), never taken from the class:
+ * a bundler that minifies (esbuild, Vite's default) renames classes, and
+ * `err.name === "VersionConflict"` and the text a failed turn or call records
+ * must not become a letter (SPEC §16).
  */
 
 import { toDate } from "./types.js";
@@ -14,7 +19,6 @@ export class AgentStateError extends Error {
 
   constructor(message: string, code = "error", status = 500) {
     super(message);
-    this.name = new.target.name;
     this.code = code;
     this.status = status;
   }
@@ -178,6 +182,17 @@ export class CallFailed extends AgentStateError {
     this.callId = callId;
     this.error = error;
   }
+}
+
+// Each class's name on its prototype, from an object's keys (which a minifier keeps, where it
+// renames the classes): set before any error is made, so the stack's first line shows it too.
+for (const [name, cls] of Object.entries({
+  AgentStateError, InvalidKey, InvalidValue, TooLarge, VersionConflict, NotAList, HistoryGap,
+  RunExists, NotFound, RunNotFound, SessionBusy, InvalidTransition, Forbidden, Busy, Damaged,
+  SchemaTooNew, Closed, StorageError, CursorExpired, Unauthorized, UsageError, LeaseLost, InDoubt,
+  CallInProgress, CallFailed,
+})) {
+  Object.defineProperty(cls.prototype, "name", { value: name, writable: true, configurable: true });
 }
 
 type Fields = Record<string, unknown>;
