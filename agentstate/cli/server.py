@@ -16,21 +16,29 @@ from ._base import ARGS, Ctx, cli, duration, fail, pass_obj, table
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Let pages on this origin (http(s)://host[:port], exact) call the API from a "
+                   "browser with a token. Repeat for more; with none, no CORS header is sent.")
 @pass_obj
-def serve(obj: Ctx, host: str, port: int) -> None:
+def serve(obj: Ctx, host: str, port: int, cors_origins: tuple[str, ...]) -> None:
     """Serve the store over HTTP (the State API; needs the server extra)."""
     try:
         import uvicorn
 
         from ..server import create_app
+        from ..server._cors import origin
     except ImportError as e:
         fail("usage_error", f"serve needs the server extra: pip install 'agentstate-db[server]' ({e})")
+    try:
+        cors_origins = tuple(origin(o) for o in cors_origins)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--cors-origin'") from None
     db = obj.open(create=True)
     token = db.tokens.create_first_admin("admin")  # one, whatever other servers start now
     if token is not None:
         click.echo(f"No token existed: made one for the admin principal 'admin', shown only now:\n"
                    f"{token}")
-    app = create_app(db)
+    app = create_app(db, cors_origins=cors_origins)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

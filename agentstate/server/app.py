@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -26,6 +27,7 @@ from agentstate.errors import AgentStateError, InvalidValue
 
 from . import _http as h
 from ._api import API, Route_
+from ._cors import CORS
 from ._routes import ROUTES
 
 log = logging.getLogger("agentstate.server")
@@ -54,8 +56,9 @@ async def on_error(request: Request, exc: Exception) -> Response:
                   status_code=500)
 
 
-def create_app(db: agentstate.Database) -> Starlette:
-    """The State API over ``db`` (a Database from ``agentstate.open``)."""
+def create_app(db: agentstate.Database, *, cors_origins: Iterable[str] = ()) -> Starlette:
+    """The State API over ``db`` (a Database from ``agentstate.open``). ``cors_origins``:
+    the origins whose pages may call the API from a browser (SPEC §16; none: no CORS)."""
     from . import ui
 
     api = API(db)
@@ -72,7 +75,10 @@ def create_app(db: agentstate.Database) -> Starlette:
 
     app = Starlette(
         routes=[Route(r.path, api.endpoint(r), methods=[r.method]) for r in ROUTES],
-        middleware=[ui.middleware(api)],  # the pages at /ui, beside the API (not in its document)
+        # CORS outermost (a preflight is answered before anything else looks at it); the
+        # pages at /ui, beside the API (not in its document).
+        middleware=[*([Middleware(CORS, origins=cors_origins)] if cors_origins else []),
+                    ui.middleware(api)],
         # Exception's handler runs in Starlette's outermost middleware, which raises the error
         # again (for the server's log); the others' do not: an expected error is no traceback.
         exception_handlers={c: on_error for c in (Exception, AgentStateError, HTTPException,
