@@ -3,10 +3,10 @@
  * the objects of the Python client (SPEC §13).
  */
 
-import { InvalidValue, Unauthorized } from "./errors.js";
+import { InvalidValue, Unauthorized, UsageError } from "./errors.js";
 import { Feed, type FeedFilter } from "./feed.js";
 import { Http, type Fetch } from "./http.js";
-import { checkKey, fenceOf, type Fence, type JsonObject, type ScopeKind } from "./json.js";
+import { checkKey, checkSeconds, fenceOf, type Fence, type JsonObject, type ScopeKind } from "./json.js";
 import { Runs } from "./runs.js";
 import { Batch, Scope, State, UpdateTurns } from "./scope.js";
 import { Sessions } from "./sessions.js";
@@ -20,6 +20,12 @@ export interface ConnectOptions {
   principal?: string;
   /** A fetch to use instead of the platform's (a proxy, a test double, an older runtime). */
   fetch?: Fetch;
+  /**
+   * Seconds one call may take, default 30 (as Python's `connect`): past that it is a
+   * StorageError (a write's `outcomeUnknown` true). A long poll gets its wait on top; a
+   * stream's connection, its headers.
+   */
+  timeout?: number;
 }
 
 /** `db.settings()`: each setting's value (seconds), by the server's name for it. */
@@ -119,9 +125,11 @@ export class Database {
 }
 
 /**
- * A client of the agentstate server at `url` (`http://host:8765`).
+ * A client of the agentstate server at `url` (`http://host:8765`; in a page, a URL relative to
+ * it such as `"/state"`).
  * :throws Unauthorized (no token, or one that cannot be sent in a header), InvalidValue (not an
- * http(s) base URL, or one with credentials), InvalidKey (principal)
+ * http(s) base URL, or one with credentials; timeout), InvalidKey (principal), UsageError (a
+ * relative URL where there is no page)
  */
 export function connect(url: string, opts: ConnectOptions): Database {
   const base = baseUrl(url);
@@ -137,7 +145,8 @@ export function connect(url: string, opts: ConnectOptions): Database {
       "a space, a control character or a non-ASCII character): agentstate tokens create NAME makes one");
   }
   const principal = opts.principal === undefined ? undefined : checkKey(opts.principal, "principal");
-  return new Database(new Http(base, token, principal, opts.fetch));
+  const timeout = opts.timeout === undefined ? 30 : checkSeconds("timeout", opts.timeout);
+  return new Database(new Http(base, token, principal, opts.fetch, timeout));
 }
 
 /**
@@ -149,10 +158,24 @@ function baseUrl(url: unknown): string {
   const want = "connect() takes the server's http:// or https:// URL";
   if (typeof url !== "string") throw new InvalidValue(`${want}, got ${url === null ? "null" : typeof url}`);
   let u: URL;
-  try {
-    u = new URL(url);
-  } catch {
-    throw new InvalidValue(`${want}, got a string that is not a URL`);
+  if (/^[A-Za-z][A-Za-z0-9+.-]*:/.test(url)) {
+    try {
+      u = new URL(url);
+    } catch {
+      throw new InvalidValue(`${want}, got a string that is not a URL`);
+    }
+  } else {
+    // A relative URL ("/state"): the page's own server, where there is a page (SPEC §16).
+    const page = (globalThis as { location?: { href?: unknown } }).location?.href;
+    if (typeof page !== "string") {
+      throw new UsageError(`${want}: a relative URL needs a page to be relative to, and here there is none ` +
+        "(no location): give the whole URL, http://host:8765");
+    }
+    try {
+      u = new URL(url, page);
+    } catch {
+      throw new InvalidValue(`${want}, got a string that is not a URL`);
+    }
   }
   if (u.protocol !== "http:" && u.protocol !== "https:") throw new InvalidValue(`${want}, got a ${u.protocol} URL`);
   if (u.username !== "" || u.password !== "") {

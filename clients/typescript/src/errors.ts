@@ -225,24 +225,30 @@ const BY_CODE: Record<string, (message: string, f: Fields) => AgentStateError> =
   in_doubt: (m, f) => new InDoubt(m, str(f.call_id), date(f.at)),
   call_in_progress: (m, f) => new CallInProgress(m, str(f.call_id)),
   call_failed: (m, f) => new CallFailed(m, str(f.call_id), str(f.error)),
+  // The server has no such route (a proxy's prefix not stripped, a server older than this
+  // client): nothing was done, and it is never an absent key (SPEC §16).
+  unknown_route: (m) => new StorageError(`the server has no such route (${m}): connect() to the URL agentstate ` +
+    "serves, with a server as new as this client", false),
+  method_not_allowed: (m) => new StorageError(`the server has no such route (${m}): a server as new as this ` +
+    "client?", false),
 };
 
 /**
  * The error of an answer's body `{"error": {"code", "message", ...}}`.
- * `run`: the route names a run, so `not_found` is a RunNotFound. A body that
- * is not an agentstate error (a proxy's page, say) is a StorageError.
+ * `run`: the route names a run, so `not_found` is a RunNotFound. An answer that
+ * is not one of the server's own errors (a proxy's page, a gateway's 502, another
+ * server's JSON) is a StorageError, and a write's outcome is unknown: whatever
+ * answered may have passed the write on before failing. `where`: the call, for the message.
  */
-export function fromBody(status: number, body: unknown, run: boolean, write: boolean): AgentStateError {
+export function fromBody(status: number, body: unknown, run: boolean, write: boolean, where = ""): AgentStateError {
   const info = typeof body === "object" && body !== null ? (body as Fields).error : undefined;
-  if (typeof info !== "object" || info === null) {
-    // Not the server's own answer: a gateway's 502 may hide a write that was applied.
-    return new StorageError(`the server answered ${status} without an agentstate error`,
-      write && status >= 500);
+  const f = (typeof info === "object" && info !== null ? info : {}) as Fields;
+  const code = typeof f.code === "string" ? f.code : "";
+  const message = typeof f.message === "string" ? f.message : "";
+  if (!Object.hasOwn(BY_CODE, code) || typeof f.message !== "string") {
+    return new StorageError(`${where ? where + ": " : ""}the server answered ${status}` +
+      (message ? `: ${message}` : " without an agentstate error"), write);
   }
-  const f = info as Fields;
-  const code = str(f.code);
-  const message = str(f.message);
   if (code === "not_found" && run) return new RunNotFound(message);
-  const make = BY_CODE[code];
-  return make ? make(message, f) : new AgentStateError(message, code || "error", status);
+  return BY_CODE[code]!(message, f);
 }

@@ -69,9 +69,9 @@ export class Feed {
     const flt = filterQuery(opts);
     const deadline = opts.timeout === undefined ? Infinity : Date.now() + Math.max(0, opts.timeout) * 1000;
     for (;;) {
-      const wait = Math.min(LONG_POLL, Math.max(0, (deadline - Date.now()) / 1000));
+      const wait = Number(Math.min(LONG_POLL, Math.max(0, (deadline - Date.now()) / 1000)).toFixed(3));
       const d = await this.http.call<WireChanges>(F.changes, {}, {
-        query: { since: cursor, wait: Number(wait.toFixed(3)), ...flt }, signal: opts.signal });
+        query: { since: cursor, wait, ...flt }, signal: opts.signal, wait });
       if (d.changes.length > 0) return d.changes.map(toChange);
       cursor = Math.max(cursor, d.last); // past what the server read, shown or not
       if (Date.now() >= deadline) return [];
@@ -94,9 +94,8 @@ export class Feed {
     while (!signal?.aborted) {
       const conn = new Connection(signal);
       try {
-        const res = await this.http.send(F.stream, {}, { query: { since: cursor, ...flt }, signal: conn.signal });
-        if (res.body === null) throw new Error("the stream has no body");
-        for await (const ev of conn.events(res.body)) {
+        const body = await this.http.stream(F.stream, {}, { query: { since: cursor, ...flt }, signal: conn.signal });
+        for await (const ev of conn.events(body)) {
           if (ev.data === null) {
             // An event with only an id: the server read up to there, past changes the filters
             // (or the session rule) left out; reopened from there, it does not read them again.

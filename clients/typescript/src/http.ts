@@ -5,9 +5,9 @@
  * the client runs in Node 18+, Deno, Bun, browsers and edge workers.
  */
 
-import { AgentStateError, StorageError, UsageError, fromBody } from "./errors.js";
-import { parseAnswer } from "./json.js";
-import type { Route } from "./wire.js";
+import { AgentStateError, NotFound, StorageError, UsageError, fromBody } from "./errors.js";
+import { parse, parseAnswer } from "./json.js";
+import { misfit, type Route } from "./wire.js";
 
 export type Fetch = (input: string, init?: RequestInit) => Promise<Response>;
 export type Query = Record<string, string | number | boolean | null | undefined>;
@@ -23,7 +23,12 @@ export interface CallOptions {
   /** A turn id: the write lands only while that turn holds its lease (SPEC §14). */
   fence?: string;
   signal?: AbortSignal;
+  /** Seconds the server may hold the answer on purpose (a long poll's wait): added to the timeout. */
+  wait?: number;
 }
+
+/** The longest a timer may be set for (setTimeout's own limit, about 24.8 days). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
  * One path segment. Ids and keys are only `A-Z a-z 0-9 . _ : -`, so nothing
@@ -57,15 +62,52 @@ function fromAnswer<E extends Error>(status: number, e: E): E {
   return e;
 }
 
+/**
+ * The time one call may take: its signal aborts the request when `seconds` pass (then
+ * `expired` is true) or when the caller's own signal aborts.
+ */
+class Deadline {
+  readonly signal: AbortSignal;
+  expired = false;
+  private readonly ctrl = new AbortController();
+  private readonly timer: ReturnType<typeof setTimeout>;
+  private readonly onAbort = () => this.ctrl.abort(this.outer?.reason);
+
+  constructor(readonly seconds: number, private readonly outer: AbortSignal | undefined) {
+    this.signal = this.ctrl.signal;
+    this.timer = setTimeout(() => {
+      this.expired = true;
+      this.ctrl.abort();
+    }, Math.min(MAX_TIMER_MS, seconds * 1000));
+    if (outer?.aborted) this.ctrl.abort(outer.reason);
+    else outer?.addEventListener("abort", this.onAbort, { once: true });
+  }
+
+  /** The answer is complete: neither the timer nor the caller's signal concerns it any more. */
+  done(): void {
+    clearTimeout(this.timer);
+    this.outer?.removeEventListener("abort", this.onAbort);
+  }
+
+  /** A stream is open: no more timer (its own idle check takes over); the caller's signal still ends it. */
+  opened(): void {
+    clearTimeout(this.timer);
+  }
+}
+
 export class Http {
   readonly base: string;
+  /** Seconds one call may take (connect's `timeout`). */
+  readonly timeout: number;
   // A private field: printing a client (console.log, util.inspect) never shows the token.
   readonly #headers: Record<string, string>;
   readonly #token: string;
   private readonly fetch: Fetch;
 
-  constructor(url: string, token: string, principal: string | undefined, fetchImpl: Fetch | undefined) {
+  constructor(url: string, token: string, principal: string | undefined, fetchImpl: Fetch | undefined,
+    timeout = 30) {
     this.base = url.replace(/\/+$/, "");
+    this.timeout = timeout;
     this.#token = token;
     this.#headers = { authorization: `Bearer ${token}` };
     if (principal !== undefined) this.#headers["x-agentstate-principal"] = principal;
@@ -87,8 +129,19 @@ export class Http {
     return u;
   }
 
-  /** Send the request; the answer, or the server's error. */
-  async send(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<Response> {
+  /** What error messages name a call by: its method and its real path (the key, not `{key}`). */
+  where(route: Route, params: Record<string, string>): string {
+    return `${route.method} ${this.base}${fill(route.path, params)}`;
+  }
+
+  /**
+   * One call: the request, the server's error if it answered one, then `read` of the answer,
+   * all within the timeout (plus `o.wait`). Whatever fails on the way is one of our errors:
+   * no answer, a cut answer or the timeout is a StorageError (a write's outcome unknown).
+   * `stream`: the answer is a stream that stays open past the call (the timer stops at its headers).
+   */
+  private async exchange<T>(route: Route, params: Record<string, string>, o: CallOptions,
+    read: (res: Response, where: string) => Promise<T>, stream = false): Promise<T> {
     const headers: Record<string, string> = { ...this.#headers };
     let body: string | Uint8Array | undefined;
     if (o.json !== undefined) {
@@ -104,69 +157,140 @@ export class Http {
       headers["x-agentstate-fence"] = o.fence;
     }
     const write = route.method !== "GET";
+    const where = this.where(route, params);
     const url = this.url(route, params, o.query);
     if (!buildable(url, headers)) {
       // Nothing was sent (not in doubt), and the platform's message would show the header's value.
-      throw new UsageError(`${route.method} ${this.base}${route.path}: the request cannot be built ` +
+      throw new UsageError(`${where}: the request cannot be built ` +
         "(a header value or the URL cannot be sent); nothing was sent");
     }
-    let res: Response;
+    const limit = new Deadline(this.timeout + (o.wait ?? 0), o.signal);
+    let open = false;
     try {
-      // A redirect is never followed: fetch would send the token, the principal, the fence
-      // and a write's body to wherever it points (or turn a write into a GET there, 303).
-      res = await this.fetch(url, {
-        method: route.method, headers, body: body as BodyInit | undefined, signal: o.signal, redirect: "manual" });
-    } catch (e) {
-      if (o.signal?.aborted) throw o.signal.reason;
-      // The request may have reached the server and been done: a write's outcome is unknown.
-      const why = e instanceof Error ? `${e.name}: ${e.message}${causeOf(e)}` : String(e);
-      // An injected fetch's text may hold the request's headers: never the token in an error.
-      throw new StorageError(`${route.method} ${this.base}${route.path}: ${redact(why, this.#token)}`, write);
-    }
-    if (res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400)) {
-      // agentstate never redirects: what answered is not the store, so nothing was done.
-      res.body?.cancel().catch(() => undefined);
-      throw fromAnswer(res.status || 302, new StorageError(`${route.method} ${this.base}${route.path}: the server ` +
-        `answered ${res.status || "a redirect"}${redirectTarget(res)}, which is not followed: connect() to the URL ` +
-        "agentstate serves", false));
-    }
-    if (res.status >= 400) {
-      let data: unknown = null;
+      let res: Response;
       try {
-        data = parseAnswer(await res.text(), false);
-      } catch {
-        data = null;
+        // A redirect is never followed: fetch would send the token, the principal, the fence
+        // and a write's body to wherever it points (or turn a write into a GET there, 303).
+        res = await this.fetch(url, {
+          method: route.method, headers, body: body as BodyInit | undefined, signal: limit.signal, redirect: "manual" });
+      } catch (e) {
+        // The request may have reached the server and been done: a write's outcome is unknown.
+        throw this.failed(e, `${where}: `, write, limit, o.signal);
       }
-      throw fromAnswer(res.status, fromBody(res.status, data, route.run === true, write));
+      if (res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400)) {
+        // agentstate never redirects: what answered is not the store, so nothing was done.
+        res.body?.cancel().catch(() => undefined);
+        throw fromAnswer(res.status || 302, new StorageError(`${where}: the server ` +
+          `answered ${res.status || "a redirect"}${redirectTarget(res)}, which is not followed: connect() to the URL ` +
+          "agentstate serves", false));
+      }
+      if (res.status >= 400) {
+        let data: unknown = null;
+        try {
+          data = parseAnswer(await res.text(), false);
+        } catch (e) {
+          if (o.signal?.aborted || limit.expired) throw this.failed(e, `${where}: `, write, limit, o.signal);
+          data = null; // a cut or unreadable body: not the server's own error
+        }
+        throw fromAnswer(res.status, fromBody(res.status, data, route.run === true, write, where));
+      }
+      try {
+        const out = await read(res, where);
+        open = stream;
+        return out;
+      } catch (e) {
+        if (e instanceof AgentStateError) throw e;
+        throw this.failed(e, `${where}: the answer was cut: `, write, limit, o.signal);
+      }
+    } finally {
+      if (open) limit.opened();
+      else limit.done();
     }
-    return res;
+  }
+
+  /** The error for a request that got no (whole) answer: the caller's abort, the timeout, the network. */
+  private failed(e: unknown, prefix: string, write: boolean, limit: Deadline, signal: AbortSignal | undefined): unknown {
+    if (signal?.aborted) return signal.reason;
+    if (limit.expired) {
+      return new StorageError(`${prefix}no complete answer within ${limit.seconds} s (connect's timeout` +
+        `${limit.seconds > this.timeout ? ", and the long poll's wait" : ""})`, write);
+    }
+    const why = e instanceof Error ? `${e.name}: ${e.message}${causeOf(e)}` : String(e);
+    // An injected fetch's text may hold the request's headers: never the token in an error.
+    return new StorageError(`${prefix}${redact(why, this.#token)}`, write);
   }
 
   /** Call a route; its answer's text. */
-  async text(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<string> {
-    const res = await this.send(route, params, o);
-    try {
-      return await res.text();
-    } catch (e) {
-      if (o.signal?.aborted) throw o.signal.reason;
-      throw new StorageError(`${route.method} ${route.path}: the answer was cut (${String(e)})`,
-        route.method !== "GET");
-    }
+  text(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<string> {
+    return this.exchange(route, params, o, (res) => res.text());
   }
 
-  /** Call a route and parse its JSON answer. */
+  /**
+   * Call a route and parse its JSON answer, which must have the fields its route's answer
+   * has (a proxy's page, `{}` or a cut answer is a StorageError, a write's outcome unknown).
+   */
   async call<T>(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<T> {
-    return parseAnswer(await this.text(route, params, o), route.method !== "GET") as T;
+    const write = route.method !== "GET";
+    const text = await this.text(route, params, o);
+    let d: unknown;
+    try {
+      d = parse(text);
+    } catch (e) {
+      throw new StorageError(`${this.where(route, params)}: the answer is not JSON (${(e as Error).message})`, write);
+    }
+    const wrong = misfit(d, route.answer);
+    if (wrong !== null) {
+      throw new StorageError(`${this.where(route, params)}: the answer is not agentstate's (${wrong})`, write);
+    }
+    return d as T;
   }
 
-  /** Call a route; null when it answers 404 (an absent key or run). */
+  /** Call a route; null when it answers that the key (or run, session, turn) is not there. */
   async maybe<T>(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<T | null> {
     try {
       return await this.call<T>(route, params, o);
     } catch (e) {
-      if (e instanceof AgentStateError && e.status === 404) return null;
+      if (e instanceof NotFound) return null;
       throw e;
     }
+  }
+
+  /**
+   * Call a route that answers raw bytes (application/octet-stream): what the server sent, whole.
+   * Another answer (a proxy's page, JSON, a body without that type) is a StorageError.
+   */
+  bytes(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<Uint8Array> {
+    return this.exchange(route, params, { ...o, raw: true }, async (res, where) => {
+      const type = res.headers.get("content-type") ?? "";
+      if (!/^application\/octet-stream\b/i.test(type)) {
+        res.body?.cancel().catch(() => undefined);
+        throw new StorageError(`${where}: the answer is not stored bytes (its type is ${JSON.stringify(type || "none")}, ` +
+          "not application/octet-stream)", route.method !== "GET");
+      }
+      const data = new Uint8Array(await res.arrayBuffer());
+      const declared = res.headers.get("content-length");
+      if (declared !== null && /^\d+$/.test(declared) && Number(declared) !== data.length) {
+        throw new StorageError(`${where}: the answer was cut (${data.length} of ${declared} bytes)`,
+          route.method !== "GET");
+      }
+      return data;
+    });
+  }
+
+  /**
+   * Open a stream of server-sent events: the answer, once its headers came (within the
+   * timeout); `o.signal` ends it. Another answer than text/event-stream is a StorageError.
+   */
+  stream(route: Route, params: Record<string, string>, o: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    return this.exchange(route, params, o, async (res, where) => {
+      const type = res.headers.get("content-type") ?? "";
+      if (!/^text\/event-stream\b/i.test(type) || res.body === null) {
+        res.body?.cancel().catch(() => undefined);
+        throw fromAnswer(res.status, new StorageError(`${where}: the answer is not an event stream ` +
+          `(its type is ${JSON.stringify(type || "none")})`, false));
+      }
+      return res.body;
+    }, true);
   }
 }
 

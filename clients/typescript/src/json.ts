@@ -8,7 +8,7 @@
  * stored integer outside ±(2^53−1) comes back as a bigint where it stands).
  */
 
-import { InvalidKey, InvalidValue, StorageError } from "./errors.js";
+import { InvalidKey, InvalidValue, StorageError, TooLarge } from "./errors.js";
 
 /** A value the store keeps: JSON, with bigint for integers past ±(2^53−1). */
 export type JsonValue = null | boolean | number | bigint | string | JsonValue[] | JsonObject;
@@ -187,6 +187,37 @@ function write(v: unknown): string {
  */
 export function encode(value: unknown): string {
   return check(value, 0) ? write(value) : JSON.stringify(value);
+}
+
+/** A value's size limit (SPEC §2): its compact UTF-8 JSON, or bytes; a list counted whole. */
+export const MAX_VALUE = 1024 * 1024;
+/** A run entry's or snapshot's (SPEC §3). */
+export const MAX_RECORD = 16 * 1024 * 1024;
+
+/** Bytes of the UTF-8 encoding of `s` (a well-formed string: `encode` refused lone surrogates). */
+export function utf8Size(s: string): number {
+  let n = s.length;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    // 2 bytes from U+0080, 3 from U+0800; a surrogate pair is 4, 2 for each half.
+    if (c >= 0x80) n += c >= 0x800 && (c < 0xd800 || c > 0xdfff) ? 2 : 1;
+  }
+  return n;
+}
+
+/** TooLarge, as Python reports it, when `size` bytes of `what` are over `limit`. */
+export function checkSize(size: number, limit: number, what = "value"): void {
+  if (size > limit) throw new TooLarge(`${what} is ${size} bytes, over the limit of ${limit}`, size, limit);
+}
+
+/**
+ * `encode(value)`, refused with TooLarge before anything is sent when its UTF-8 is over `limit`
+ * bytes (`what`: "list" for the items of an append, counted as the JSON of the list they make).
+ */
+export function encodeSized(value: unknown, limit = MAX_VALUE, what = "value"): string {
+  const text = encode(value);
+  if (text.length * 3 > limit) checkSize(utf8Size(text), limit, what); // else it cannot be over
+  return text;
 }
 
 // -- reading -----------------------------------------------------------------------------

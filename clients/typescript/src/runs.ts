@@ -5,7 +5,7 @@
 import * as calls from "./calls.js";
 import { InvalidValue, StorageError } from "./errors.js";
 import type { Http } from "./http.js";
-import { checkAge, checkInt, checkKey, encode, fenceOf, rawItems, type Fence } from "./json.js";
+import { MAX_RECORD, checkAge, checkInt, checkKey, encodeSized, fenceOf, rawItems, type Fence } from "./json.js";
 import {
   toRun, toRunHead, toSavedState, type Claim, type JsonObject, type Run, type RunHead, type RunRecord,
   type SavedState,
@@ -41,7 +41,9 @@ export class Runs {
     const params = id(runId);
     const fence = fenceOf(opts.fence);
     if (!Array.isArray(entries)) throw new InvalidValue("entries must be an array");
-    const body = `{"entries":${encode(entries)},"snapshot":${encode(snapshot ?? null)},` +
+    // Each entry and the snapshot within a run entry's limit (SPEC §3), as Python checks them.
+    const texts = entries.map((e) => encodeSized(e, MAX_RECORD, "entry"));
+    const body = `{"entries":[${texts.join(",")}],"snapshot":${encodeSized(snapshot ?? null, MAX_RECORD, "snapshot")},` +
       `"create":${opts.create === true}}`;
     await this.http.call<WireWritten>(R.write, params, { json: body, fence });
   }
@@ -149,8 +151,10 @@ export class Runs {
 
   /**
    * Record a claimed call's outcome, as a `tool_result` entry: `error` (its text) when given,
-   * else `result` (a JSON value; absent: null), as Python's `settle(result=, error=)`.
-   * :throws InvalidTransition (not claimed, or settled already), RunNotFound, LeaseLost
+   * else `result` (a JSON value; absent: null), as Python's `settle(result=, error=)`; not
+   * both. `retry`: the claim it settles (its entry's `retry`, 0 for the first claim).
+   * :throws InvalidTransition (not claimed, settled already, or claimed again since `retry`),
+   * RunNotFound, LeaseLost, InvalidValue
    */
   settle(runId: string, callId: string, opts: calls.SettleOptions = {}): Promise<void> {
     return calls.settle(this.http, runId, callId, opts);
@@ -163,8 +167,11 @@ export class Runs {
    * CallFailed. A claim whose worker may still run is CallInProgress; one no longer live is
    * in doubt: `reconcile(callId, entry)` returns the call's result or NOT_RUN (fn runs);
    * without it, InDoubt. If fn throws, `"<Name>: <message>"` is recorded and the error rethrown;
-   * an AbortError (a cancel) records nothing and leaves the call in doubt.
-   * :throws InDoubt, CallInProgress, CallFailed, LeaseLost, RunNotFound
+   * an AbortError (a cancel) records nothing and leaves the call in doubt. A result that cannot
+   * be recorded (not JSON, too large) settles the call as failed, `"ResultNotRecorded: <why>"`,
+   * and its error is thrown. :throws UsageError (fn or reconcile not a function: nothing
+   * claimed), InDoubt, CallInProgress, CallFailed, LeaseLost, RunNotFound, InvalidValue, TooLarge,
+   * InvalidTransition (a retry took the claim over while fn ran: its result is not recorded)
    */
   once<T>(runId: string, callId: string, fn: () => T | Promise<T>, opts: calls.OnceOptions<T> = {}): Promise<T> {
     return calls.once(this.http, runId, callId, fn, opts);

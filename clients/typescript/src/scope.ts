@@ -3,10 +3,11 @@
  * `db.state({...})` and `db.batch()`.
  */
 
-import { AgentStateError, InvalidValue, VersionConflict } from "./errors.js";
+import { InvalidValue, NotFound, VersionConflict } from "./errors.js";
 import type { Http } from "./http.js";
 import {
-  checkInt, checkKey, checkKind, checkSeconds, encode, fenceOf, type Fence, type JsonValue, type ScopeKind,
+  MAX_VALUE, checkInt, checkKey, checkKind, checkSeconds, checkSize, encodeSized, fenceOf, type Fence, type JsonValue,
+  type ScopeKind,
 } from "./json.js";
 import { toDate } from "./types.js";
 import {
@@ -90,7 +91,7 @@ function versionOf(v: unknown): number | undefined {
 
 function itemsOf(items: unknown): string {
   if (!Array.isArray(items)) throw new InvalidValue("items must be an array");
-  return encode(items);
+  return encodeSized(items, MAX_VALUE, "list");
 }
 
 /**
@@ -142,7 +143,7 @@ export class Scope {
   async put(key: string, value: unknown, opts: PutOptions = {}): Promise<number> {
     const params = this.at(key);
     const fence = this.fenced(opts);
-    const body = putBody(encode(value), versionOf(opts.ifVersion), opts.ttl);
+    const body = putBody(encodeSized(value), versionOf(opts.ifVersion), opts.ttl);
     return (await this.http.call<WireVersion>(this.routes.put, params, { json: body, fence })).version;
   }
 
@@ -161,16 +162,21 @@ export class Scope {
    * and must have no side effects; if it throws, nothing is written. The key's
    * expiry is kept. This client's own updates of one key take turns, so they do
    * not make each other run `fn` again. With a fence, each write is fenced (LeaseLost ends the loop).
+   * Without a `default`, `fn` gets `undefined` for an absent key, and its type says so.
    */
-  async update<T = JsonValue>(key: string, fn: (value: T) => T | Promise<T>,
+  update<T = JsonValue>(key: string, fn: (value: T) => T | Promise<T>,
+    opts: { default: T } & FenceOption): Promise<T>;
+  update<T = JsonValue>(key: string, fn: (value: T | undefined) => T | Promise<T>,
+    opts?: { default?: T } & FenceOption): Promise<T>;
+  async update<T = JsonValue>(key: string, fn: (value: T | undefined) => T | Promise<T>,
     opts: { default?: T } & FenceOption = {}): Promise<T> {
     const params = this.at(key);
     const fence = this.fenced(opts);
     return this.turns.run(`${this.routes.get.path}\n${JSON.stringify(params)}`, async () => {
       for (;;) {
         const d = await this.http.maybe<WireVersioned>(this.routes.get, params);
-        const next = await fn(d === null ? (opts.default as T) : (d.value as T));
-        const body = putBody(encode(next), d === null ? 0 : d.version, "keep");
+        const next = await fn(d === null ? opts.default : (d.value as T));
+        const body = putBody(encodeSized(next), d === null ? 0 : d.version, "keep");
         try {
           await this.http.call<WireVersion>(this.routes.put, params, { json: body, fence });
           return next;
@@ -278,6 +284,7 @@ export class Scope {
     const params = this.at(key);
     const fence = this.fenced(opts);
     if (!(data instanceof Uint8Array)) throw new InvalidValue("putBytes takes a Uint8Array");
+    checkSize(data.length, MAX_VALUE);
     const q = { if_version: versionOf(opts.ifVersion), ttl: ttlOf(opts.ttl) };
     return (await this.http.call<WireVersion>(this.routes.put, params, { bytes: data, query: q, fence })).version;
   }
@@ -286,10 +293,9 @@ export class Scope {
   async getBytes(key: string): Promise<Uint8Array | null> {
     const params = this.at(key);
     try {
-      const res = await this.http.send(this.routes.get, params, { raw: true });
-      return new Uint8Array(await res.arrayBuffer());
+      return await this.http.bytes(this.routes.get, params);
     } catch (e) {
-      if (e instanceof AgentStateError && e.status === 404) return null;
+      if (e instanceof NotFound) return null;
       throw e;
     }
   }
@@ -394,7 +400,7 @@ export class BatchScope {
   put(key: string, value: unknown, opts: { ifVersion?: number; ttl?: number } = {}): this {
     const v = versionOf(opts.ifVersion);
     const ttl = ttlOf(opts.ttl);
-    return this.op("put", key, `,"value":${encode(value)}${v === undefined ? "" : `,"if_version":${v}`}` +
+    return this.op("put", key, `,"value":${encodeSized(value)}${v === undefined ? "" : `,"if_version":${v}`}` +
       `${ttl === undefined ? "" : `,"ttl":${ttl}`}`);
   }
 

@@ -4,9 +4,9 @@
  */
 
 import { errorText } from "./calls.js";
-import { InvalidTransition, InvalidValue } from "./errors.js";
+import { InvalidTransition, InvalidValue, TooLarge } from "./errors.js";
 import type { Http } from "./http.js";
-import { checkAge, checkInt, checkKey, checkSeconds, encode, type JsonValue } from "./json.js";
+import { checkAge, checkInt, checkKey, checkSeconds, encode, encodeSized, type JsonValue } from "./json.js";
 import { Scope, type UpdateTurns } from "./scope.js";
 import { toDate, toSession, type JsonObject, type SessionInfo, type TurnStatus } from "./types.js";
 import {
@@ -89,12 +89,12 @@ export class Turn {
 
   /** running → held: waits for a decision and no longer blocks the session. */
   hold(request: unknown = null): Promise<this> {
-    return this.act("hold", `{"request":${encode(request)}}`);
+    return this.act("hold", `{"request":${encodeSized(request)}}`);
   }
 
   /** running or resuming → finished. */
   finish(result: unknown = null): Promise<this> {
-    return this.act("finish", `{"result":${encode(result)}}`);
+    return this.act("finish", `{"result":${encodeSized(result)}}`);
   }
 
   /** running or resuming → failed, with the error's text. */
@@ -111,7 +111,7 @@ export class Sessions {
   async create(opts: { metadata?: JsonObject } = {}): Promise<SessionInfo> {
     const m = opts.metadata ?? {};
     if (typeof m !== "object" || m === null || Array.isArray(m)) throw new InvalidValue("metadata must be an object");
-    return toSession(await this.http.call<WireSession>(S.create, {}, { json: `{"metadata":${encode(m)}}` }));
+    return toSession(await this.http.call<WireSession>(S.create, {}, { json: `{"metadata":${encodeSized(m)}}` }));
   }
 
   /** :throws NotFound (unknown, or not this principal's) */
@@ -153,7 +153,7 @@ export class Sessions {
    */
   async startTurn(sessionId: string, opts: { input?: unknown; lease?: number; queued?: boolean } = {}): Promise<Turn> {
     const params = sid(sessionId);
-    const body = `{"input":${encode(opts.input ?? null)},"lease":${checkSeconds("lease", opts.lease ?? 60)},` +
+    const body = `{"input":${encodeSized(opts.input ?? null)},"lease":${checkSeconds("lease", opts.lease ?? 60)},` +
       `"queued":${opts.queued === true}}`;
     return new Turn(this.http, await this.http.call<WireTurn>(S.startTurn, params, { json: body }));
   }
@@ -161,7 +161,9 @@ export class Sessions {
   /**
    * Run `fn(turn)` in a new running turn: finished with fn's result when it
    * returns, failed with the error's text when it throws (the error is rethrown),
-   * as Python's `with db.sessions.turn(...)`. A turn that `fn` moved itself
+   * as Python's `with db.sessions.turn(...)`. A result that cannot be recorded (not
+   * JSON, over 1 MiB) fails the turn with that error's text, and the error is thrown
+   * (InvalidValue, TooLarge): the turn never stays running. A turn that `fn` moved itself
    * (held, finished, failed) is left as it is; one whose lease lapsed while `fn`
    * ran is not finished: InvalidTransition (call `turn.heartbeat()` in long work).
    */
@@ -181,7 +183,14 @@ export class Sessions {
     }
     const status = (await t.refresh()).status;
     if (status === "running" || status === "resuming") {
-      await t.finish(result === undefined ? null : result);
+      try {
+        await t.finish(result === undefined ? null : result);
+      } catch (e) {
+        // Refused, by this client or the server: nothing was recorded, so the turn is failed
+        // with why, rather than left running until its lease lapses (SessionBusy meanwhile).
+        if (e instanceof InvalidValue || e instanceof TooLarge) await t.fail(e).catch(() => undefined);
+        throw e;
+      }
     } else if (status === "expired") {
       throw new InvalidTransition(`turn ${t.id} expired before its function returned (its lease of ` +
         `${t.lease} s lapsed; call turn.heartbeat() in long work): it is not finished`);
@@ -211,7 +220,7 @@ export class Sessions {
   /** held → decided, with the decision. */
   async decide(turnId: string, decision: unknown): Promise<Turn> {
     const params = { ...tid(turnId), action: "decide" };
-    return new Turn(this.http, await this.http.call<WireTurn>(S.act, params, { json: `{"decision":${encode(decision)}}` }));
+    return new Turn(this.http, await this.http.call<WireTurn>(S.act, params, { json: `{"decision":${encodeSized(decision)}}` }));
   }
 
   /** decided → resuming, with a new lease (allowed while a newer turn runs). */

@@ -166,6 +166,42 @@ export const ANSWERS = {
   Change: CHANGE,
 } as const;
 
+/**
+ * Why `answer` does not have the shape `d` describes, or null when it does: an object with
+ * each field the server always sends, of its JSON type (one level deep: enough to tell an
+ * agentstate answer from a proxy's `{}`, a page or another server's JSON).
+ */
+export function misfit(answer: unknown, d: Described): string | null {
+  if (typeof d === "string") return d === "object" && !isObject(answer) ? "not an object" : null;
+  if (Array.isArray(d)) return Array.isArray(answer) ? null : "not an array";
+  if (!isObject(answer)) return "not an object";
+  for (const [field, tag] of Object.entries(d as { readonly [field: string]: Described })) {
+    const optional = typeof tag === "string" && tag.endsWith("?");
+    if (!Object.hasOwn(answer, field)) {
+      if (optional) continue;
+      return `no field ${field}`;
+    }
+    if (!fits((answer as Record<string, unknown>)[field], optional ? (tag as string).slice(0, -1) : tag)) {
+      return `${field} is not ${typeof tag === "string" ? tag.replace("|", " or ") : Array.isArray(tag) ? "an array" : "an object"}`;
+    }
+  }
+  return null;
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/** Whether a field's value has the JSON type of its tag (nested shapes: only that they are objects). */
+function fits(v: unknown, tag: Described): boolean {
+  if (Array.isArray(tag)) return Array.isArray(v);
+  if (typeof tag !== "string") return isObject(v);
+  return tag === "any" || tag.split("|").some((t) =>
+    t === "null" ? v === null : t === "string" ? typeof v === "string" : t === "boolean" ? typeof v === "boolean"
+      : t === "integer" || t === "number" ? typeof v === "number" || typeof v === "bigint" : t === "object" ? isObject(v)
+        : false);
+}
+
 // -- the routes ------------------------------------------------------------------------
 
 export type Method = "GET" | "PUT" | "POST" | "DELETE";

@@ -12,7 +12,7 @@ import {
   type Change, type Database,
 } from "agentstate-db";
 import { disagreements, type Doc } from "./openapi.js";
-import { fresh, served, type Served } from "./server.js";
+import { fresh, python, served, type Served } from "./server.js";
 
 let srv: Served;
 let db: Database;
@@ -53,7 +53,7 @@ describe("scopes", () => {
     assert.equal(await s.update("none", (v) => (v === undefined ? "was absent" : "no")), "was absent");
     await s.put("ttl", 1, { ttl: 3600 });
     const at = await s.expiresAt("ttl");
-    await s.update<number>("ttl", (n) => n + 1);
+    await s.update<number>("ttl", (n) => (n ?? 0) + 1);
     assert.deepEqual(await s.expiresAt("ttl"), at);
     await assert.rejects(s.update("visits", () => { throw new RangeError("no"); }), RangeError);
     assert.equal(await s.get("visits"), 11, "a function that throws writes nothing");
@@ -155,6 +155,24 @@ describe("scopes", () => {
     assert.ok(err instanceof TooLarge, String(err));
     assert.equal(err.limit, 1048576);
     assert.ok(err.size > 1048576);
+    // The size and limit Python reports for the same value (SPEC §2: its compact UTF-8 JSON),
+    // non-ASCII, a list's items and bytes too, whatever the size (over the server's body limit too).
+    const values: [string, () => Promise<unknown>, string][] = [
+      ["a string of 5 MiB", () => s.put("big", "x".repeat(5 << 20)), "s.put('big', 'x' * (5 << 20))"],
+      ["non-ASCII", () => s.put("big", { t: "é€😀".repeat(150_000) }), "s.put('big', {'t': 'é€😀' * 150_000})"],
+      ["append", () => s.append("big", ["é".repeat(300_000), "x".repeat(500_000)]),
+        "s.append('big', ['é' * 300_000, 'x' * 500_000])"],
+      ["bytes", () => s.putBytes("big", new Uint8Array((1 << 20) + 5)), "s.put_bytes('big', bytes((1 << 20) + 5))"],
+    ];
+    for (const [what, call, py] of values) {
+      const e = await call().catch((x: unknown) => x);
+      const want = JSON.parse(await python(
+        "import sys, json, agentstate\n" +
+        "s = agentstate.open(sys.argv[1]).scope('app', 'sizes')\n" +
+        `try:\n    ${py}\nexcept agentstate.TooLarge as e:\n    print(json.dumps([e.size, e.limit]))`, [srv.db])) as number[];
+      assert.ok(e instanceof TooLarge, `${what}: ${String(e)}`);
+      assert.deepEqual([e.size, e.limit], want, what);
+    }
     await assert.rejects(s.get("a/b"), InvalidKey);
     await assert.rejects(s.put("x".repeat(201), 1), InvalidKey);
     await assert.rejects(s.put("", 1), InvalidKey);
@@ -420,6 +438,21 @@ describe("sessions and turns", () => {
     const [held] = await db.sessions.turns(s.id);
     assert.equal(held!.status, "held", "a turn fn moved itself is left as it is");
     assert.equal(await db.sessions.turn(s.id, () => undefined), undefined);
+  });
+
+  it("turn(id, fn) whose result cannot be recorded fails the turn with why, and throws the §6 error", async () => {
+    const s = await db.sessions.create();
+    for (const [what, result, cls] of [["a Date in it", { at: new Date() }, InvalidValue],
+      ["over 1 MiB", { text: "x".repeat(1 << 20) }, TooLarge]] as const) {
+      // Without the fix the first leaves its turn running: the second is SessionBusy.
+      const err = await db.sessions.turn(s.id, () => result).catch((e: unknown) => e);
+      assert.ok(err instanceof cls, `${what}: ${String(err)}`);
+      const [t] = await db.sessions.turns(s.id);
+      assert.deepEqual([t!.status, t!.error], ["failed", `${cls === TooLarge ? "TooLarge" : "InvalidValue"}: ${err.message}`], what);
+    }
+    const next = await db.sessions.startTurn(s.id);
+    assert.equal(next.status, "running", "the session is free at once");
+    await next.finish();
   });
 });
 

@@ -46,7 +46,7 @@ const WRITES: [string, (s: Scope, o: { fence?: Fence }) => Promise<unknown>][] =
   ["delete", (s, o) => s.delete("k", o)],
   ["append", (s, o) => s.append("l", [2], o)],
   ["pop", (s, o) => s.pop("l", 1, o)],
-  ["update", (s, o) => s.update<number>("k", (v) => v + 1, o)],
+  ["update", (s, o) => s.update<number>("k", (v) => (v ?? 0) + 1, o)],
   ["touch", (s, o) => s.touch("k", 600, o)],
   ["clear", (s, o) => s.clear(o)],
 ];

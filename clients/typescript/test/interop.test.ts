@@ -118,7 +118,7 @@ describe("values between TypeScript and Python", () => {
     await s.put("n", 2n ** 60n + 1n);
     assert.equal(await py("out = db.scope('app', 'interop-numbers').get('n')"), 1152921504606846977n);
     assert.equal(await s.get("n"), 1152921504606846977n);
-    assert.equal(await s.update<bigint>("n", (v) => v + 1n), 1152921504606846978n);
+    assert.equal(await s.update<bigint>("n", (v) => (v ?? 0n) + 1n), 1152921504606846978n);
   });
 });
 

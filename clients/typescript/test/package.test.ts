@@ -84,6 +84,34 @@ describe("the packed tarball", () => {
   });
 });
 
+describe("the types", () => {
+  /** tsc --strict on `code` (a module importing the package, inside it): its output, and whether it passed. */
+  async function tsc(name: string, code: string): Promise<{ ok: boolean; out: string }> {
+    const dir = join(PKG, "build", "types", name); // inside the package: "agentstate-db" resolves to itself
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "use.ts"), code);
+    writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
+      compilerOptions: { strict: true, noEmit: true, module: "nodenext", target: "es2022",
+        lib: ["es2022", "dom", "dom.asynciterable"], types: [] },
+      files: ["use.ts"] }));
+    return run(process.execPath, [TSC, "-p", dir], PKG)
+      .then((out) => ({ ok: true, out }), (e: Error) => ({ ok: false, out: e.message }));
+  }
+  const HEAD = 'import { connect } from "agentstate-db";\nconst s = connect("http://h", { token: "t" }).scope("app", "a");\n';
+
+  it("update() without a default gives fn T | undefined: tsc --strict refuses code that would throw", async () => {
+    const bad = await tsc("update-bad", HEAD + 'export const n = s.update<number>("n", (n) => n + 1);\n');
+    assert.equal(bad.ok, false, "n + 1 on a number | undefined");
+    assert.match(bad.out, /'n' is possibly 'undefined'/);
+    const good = await tsc("update-good", HEAD +
+      'export const a: Promise<number> = s.update<number>("n", (n) => (n ?? 0) + 1);\n' +
+      'export const b: Promise<number> = s.update<number>("n", (n) => n + 1, { default: 0 });\n' +
+      'export const c: Promise<number> = s.update<number>("n", async (n) => n + 1, { default: 0, fence: "t-1" });\n' +
+      'export const d = s.update<string>("k", (v) => (v === undefined ? "absent" : v + "!"));\n');
+    assert.equal(good.ok, true, good.out);
+  });
+});
+
 describe("the README", () => {
   /** The ```ts block under the heading `## {heading}`, type-checked and run against the server; what it printed. */
   async function runExample(heading: string, name: string): Promise<string> {

@@ -17,11 +17,12 @@ import { encode, parse, rawItems } from "#internal/json.js";
 import { EventParser, type SseEvent } from "#internal/feed.js";
 import { segment } from "#internal/http.js";
 
-/** A fetch that answers every request with `status` and `body`, and records the requests. */
-export function fakeFetch(status: number, body: unknown, seen: { url: string; init: RequestInit }[] = []) {
+/** A fetch that answers every request with `status` and `body` (an object: JSON), and records the requests. */
+export function fakeFetch(status: number, body: unknown, seen: { url: string; init: RequestInit }[] = [],
+  type = typeof body === "string" ? "text/html" : "application/json") {
   return async (url: string, init?: RequestInit): Promise<Response> => {
     seen.push({ url, init: init ?? {} });
-    return new Response(typeof body === "string" ? body : JSON.stringify(body), { status });
+    return new Response(typeof body === "string" ? body : JSON.stringify(body), { status, headers: { "content-type": type } });
   };
 }
 
@@ -221,7 +222,7 @@ describe("paths", () => {
 describe("fences", () => {
   it("X-Agentstate-Fence names the turn on every write of a fenced scope, batch or run, and on no read", async () => {
     const seen: { url: string; init: RequestInit }[] = [];
-    const answer = { version: 1, deleted: true, length: 1, items: [], touched: true, expires_at: null, cleared: 0,
+    const answer = { key: "k", value: 1, version: 1, deleted: true, length: 1, items: [], touched: true, expires_at: null, cleared: 0,
       values: {}, keys: [], next: null, results: [], written: true, status: "claimed", entry: {} };
     const db = connect("http://x.invalid", { token: "t", fetch: fakeFetch(200, answer, seen) });
     const fenceOf = (i: number) => new Headers(seen[i]!.init.headers).get("x-agentstate-fence");
@@ -280,7 +281,7 @@ describe("server-sent events", () => {
 
   it("an error event ends the subscription with its error (a cursor that expired: CursorExpired)", async () => {
     const body = 'data: {"error":{"code":"cursor_expired","message":"gone"}}\n\n';
-    const db = connect("http://x.invalid", { token: "t", fetch: fakeFetch(200, body) });
+    const db = connect("http://x.invalid", { token: "t", fetch: fakeFetch(200, body, [], "text/event-stream") });
     await assert.rejects(async () => { for await (const _ of db.subscribe(0)) { /* none */ } }, CursorExpired);
   });
 });
