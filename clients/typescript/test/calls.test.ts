@@ -8,7 +8,8 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
 import {
-  CallFailed, CallInProgress, InDoubt, InvalidTransition, InvalidValue, LeaseLost, NOT_RUN, RunNotFound, connect,
+  CallFailed, CallInProgress, InDoubt, InvalidTransition, InvalidValue, LeaseLost, NOT_RUN, RunNotFound, TooLarge,
+  UsageError, connect,
   type Database, type Fence, type JsonObject, type Scope, type Turn,
 } from "agentstate-db";
 import { fresh, served, type Served } from "./server.js";
@@ -148,16 +149,16 @@ describe("claim and settle", () => {
     await db.runs.claim(r, "null-1");
     await db.runs.settle(r, "null-1", { result: null });
     assert.deepEqual((await db.runs.claim(r, "null-1")).result, null, "a null result is a result");
-    // Python's rule: settle() with nothing records a null result; an error, when given, wins.
+    // Python's rule: settle() with nothing records a null result; a result and an error is
+    // InvalidValue (SPEC §16), and records nothing.
     await db.runs.claim(r, "bare-1");
     await db.runs.settle(r, "bare-1");
     assert.deepEqual(await db.runs.claim(r, "bare-1"), { status: "done", result: null, error: null,
       entry: { seq: 7, type: "tool_result", call_id: "bare-1", status: "ok", result: null } });
     await db.runs.claim(r, "both-1");
-    await db.runs.settle(r, "both-1", { result: 1, error: "E: e" });
-    const both = await db.runs.claim(r, "both-1");
-    assert.deepEqual([both.status, both.error], ["failed", "E: e"]);
-    assert.equal((await db.runs.head(r))?.nextSeq, 10);
+    await assert.rejects(db.runs.settle(r, "both-1", { result: 1, error: "E: e" }), InvalidValue);
+    assert.equal((await db.runs.claim(r, "both-1")).status, "in_progress");
+    assert.equal((await db.runs.head(r))?.nextSeq, 9);
   });
 
   it("a claim past its lease is in doubt; retry claims it again", async () => {
@@ -284,6 +285,65 @@ describe("once", () => {
     assert.equal(await db.runs.once(r, "d", () => "fenced", { fence: live, call: { tool: "x" } }), "fenced");
     assert.deepEqual((await db.runs.entries(r)).filter((e) => e.call_id === "d").map((e) => [e.type, e.call_id, e.fence ?? null]),
       [["tool_call", "d", live.id], ["tool_result", "d", null]]);
+  });
+
+  it("an fn (or reconcile) that is not a function is a UsageError before anything is claimed", async () => {
+    const r = await run();
+    const charge = () => ({ charged: true });
+    for (const bad of [null, undefined, "charge", 42, charge(), Promise.resolve(1)]) {
+      await assert.rejects(db.runs.once(r, "c", bad as never), UsageError, String(bad));
+    }
+    await assert.rejects(db.runs.once(r, "c", charge, { reconcile: "no" as never }), UsageError);
+    assert.equal((await db.runs.head(r))?.nextSeq, 0, "nothing claimed");
+    assert.deepEqual(await db.runs.once(r, "c", charge), { charged: true }, "the call is still free to run");
+  });
+
+  it("a result that cannot be recorded settles the call as failed (ResultNotRecorded) and throws; nothing runs again", async () => {
+    const r = await run();
+    let calls = 0;
+    const cases = [["a Date in it", "date", () => ({ at: new Date() }), InvalidValue],
+      ["over a run entry's limit", "huge", () => "x".repeat(16 << 20), TooLarge]] as const;
+    for (const [what, callId, result, cls] of cases) {
+      const err = await db.runs.once(r, callId, () => { calls++; return result(); }).catch((e: unknown) => e);
+      assert.ok(err instanceof cls, `${what}: ${String(err)}`);
+      const later = await db.runs.once(r, callId, () => { calls++; return 1; }).catch((e: unknown) => e);
+      assert.ok(later instanceof CallFailed, `${what}: later ${String(later)}`);
+      assert.equal(later.error, `ResultNotRecorded: ${err.message}`, what);
+    }
+    assert.equal(calls, 2, "each fn ran once");
+    const huge = await db.runs.once(r, "huge2", () => "x".repeat(16 << 20)).catch((e: unknown) => e);
+    assert.ok(huge instanceof TooLarge);
+    assert.deepEqual([huge.size, huge.limit], [(16 << 20) + 2, (16 << 20) - 1024], "the result's size, the limit a result has");
+  });
+
+  it("a result up to a run entry's limit is recorded, over HTTP as locally (not the 4 MiB of a value body)", async () => {
+    const r = await run();
+    const big = "é".repeat(3 << 20); // 6 MiB of UTF-8
+    assert.equal(await db.runs.once(r, "big", () => big), big);
+    assert.equal(await db.runs.once(r, "big", () => "again"), big);
+  });
+
+  it("a settle names the claim it settles: one whose claim a retry superseded is refused, records nothing", async () => {
+    const r = await run();
+    const gate = () => { let open!: () => void; const p = new Promise<void>((resolve) => { open = resolve; }); return { p, open }; };
+    const [slowGate, fastGate] = [gate(), gate()];
+    const calls = async () => (await db.runs.entries(r)).filter((e) => e.call_id === "c");
+    // A first claimer whose claim lapses while its fn still runs...
+    const slow = db.runs.once(r, "c", async () => { await slowGate.p; return "slow"; }, { lease: 0.05 })
+      .catch((e: unknown) => e);
+    for (let i = 0; i < 400 && (await calls()).length < 1; i++) await new Promise((resolve) => setTimeout(resolve, 25));
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    // ...then a second that finds it in doubt, is told it did not run, and claims it again.
+    const fast = db.runs.once(r, "c", async () => { await fastGate.p; return "fast"; }, { reconcile: () => NOT_RUN });
+    for (let i = 0; i < 400 && (await calls()).length < 2; i++) await new Promise((resolve) => setTimeout(resolve, 25));
+    assert.deepEqual((await calls()).map((e) => [e.type, e.retry]), [["tool_call", undefined], ["tool_call", 1]]);
+    slowGate.open(); // the first settles now, before the second: refused
+    const slowErr = await slow;
+    assert.ok(slowErr instanceof InvalidTransition, String(slowErr));
+    assert.equal((await calls()).length, 2, "the superseded settle recorded nothing");
+    fastGate.open();
+    assert.equal(await fast, "fast");
+    assert.equal(await db.runs.once(r, "c", () => "never"), "fast");
   });
 
   it("many callers at once from several clients: fn runs once, every caller gets its result", async () => {

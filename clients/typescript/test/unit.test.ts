@@ -127,6 +127,28 @@ describe("errors", () => {
   });
 });
 
+describe("once's settle", () => {
+  it("names the claim it settles: retry 0 for the first claim, the claim entry's retry after", async () => {
+    const bodies: [string, string][] = [];
+    let claims = 0;
+    const f = async (url: string, init?: RequestInit): Promise<Response> => {
+      const path = new URL(url).pathname;
+      bodies.push([path.split("/").pop()!, String(init?.body)]);
+      const answer = path.endsWith("/claim")
+        ? (claims++ === 0 && path.includes("/redo/") ? { status: "in_doubt", entry: { type: "tool_call", call_id: "redo" } }
+          : { status: "claimed", entry: { type: "tool_call", ...(path.includes("/redo/") ? { retry: 1 } : {}) } })
+        : { entry: { type: "tool_result" } };
+      return new Response(JSON.stringify(answer), { headers: { "content-type": "application/json" } });
+    };
+    const db = connect("http://x.invalid", { token: "t", fetch: f });
+    await db.runs.once("r", "redo", () => "ran", { reconcile: () => agentstate.NOT_RUN });
+    claims = 1;
+    await db.runs.once("r", "first", () => { throw new Error("no"); }).catch(() => undefined);
+    assert.deepEqual(bodies, [["claim", "{}"], ["claim", '{"retry":true}'], ["settle", '{"result":"ran","retry":1}'],
+      ["claim", "{}"], ["settle", '{"error":"Error: no","retry":0}']]);
+  });
+});
+
 describe("reading JSON", () => {
   it("keeps integers outside ±(2^53-1) exact, as bigints where they stand", () => {
     const text = '{"a":[9007199254740991,9007199254740992,-9007199254740993,9223372036854775807,' +
