@@ -36,10 +36,12 @@ class Served:
                 self.proc.wait(20)
 
 
-def serve(db: str, timeout: float = 60.0) -> Served:
-    """Serve ``db``, a path with no tokens yet: serve makes an admin token and prints it."""
+def serve(db: str, timeout: float = 60.0, args: tuple[str, ...] = ()) -> Served:
+    """Serve ``db``, a path with no tokens yet: serve makes an admin token and prints it.
+    ``args``: more options of serve."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db, "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db, "serve", "--port", str(port),
+                             *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={k: v for k, v in os.environ.items() if k != "AGENTSTATE_DB"})
     line = proc.stdout.readline()  # "No token existed: ..." then the token
