@@ -8,7 +8,7 @@ import { after, before, describe, it } from "node:test";
 
 import {
   AgentStateError, CursorExpired, Forbidden, HistoryGap, InvalidKey, InvalidTransition, InvalidValue, NotAList, NotFound,
-  RunExists, RunNotFound, SessionBusy, TooLarge, Turn, Unauthorized, VersionConflict, connect,
+  RunExists, RunNotFound, SessionBusy, StorageError, TooLarge, Turn, Unauthorized, VersionConflict, connect,
   type Change, type Database,
 } from "agentstate-db";
 import { disagreements, type Doc } from "./openapi.js";
@@ -519,6 +519,19 @@ describe("the feed", () => {
   it("a bad cursor or filter is refused", async () => {
     await assert.rejects(db.changes({ since: -1 }), InvalidValue);
     await assert.rejects(db.changes({ kind: "nope" as "app" }), InvalidKey);
+  });
+});
+
+describe("a URL that reaches no route", () => {
+  it("is a StorageError (the server's unknown_route), never an absent key, run or session", async () => {
+    const wrong = connect(`${srv.url}/state`, { token: srv.token }); // a proxy's prefix, not stripped
+    for (const [what, call] of [["get", () => wrong.scope("app", "x").get("k")],
+      ["getVersioned", () => wrong.scope("app", "x").getVersioned("k")], ["runs.read", () => wrong.runs.read("r")],
+      ["sessions.get", () => wrong.sessions.get("s")], ["put", () => wrong.scope("app", "x").put("k", 1)]] as const) {
+      const e = await call().then(() => null, (x: unknown) => x);
+      assert.ok(e instanceof StorageError && !(e instanceof NotFound), `${what}: ${String(e)}`);
+      assert.equal(e.outcomeUnknown, false, what);
+    }
   });
 });
 
