@@ -16,6 +16,13 @@ import agentstate
 from agentstate.cli import cli
 
 
+@pytest.fixture(autouse=True)
+def _made(db_path):
+    """The tests' database exists, as after `agentstate init` (only init, demo and serve
+    create one: test_only_init_demo_and_serve_create_the_file)."""
+    agentstate.open(db_path).close()
+
+
 def run(db_path, *args, input=None):
     r = CliRunner().invoke(cli, ["--db", db_path, *args], input=input)
     assert "Traceback" not in r.output
@@ -119,13 +126,32 @@ def test_files_that_are_not_usable(tmp_path):
     assert r.exit_code == 1 and r.stderr.startswith("Error: schema_too_new:")
 
 
-def test_only_some_commands_create_the_file(tmp_path):
-    for args, creates in ((["init"], True), (["put", "app:a", "k", "1"], True),
-                          (["append", "app:a", "k", "[1]"], True), (["keys", "app:a"], False),
-                          (["delete", "app:a", "k"], False), (["vacuum"], False)):
-        p = str(tmp_path / f"{args[0]}.db")
-        run(p, *args)
-        assert os.path.exists(p) == creates, args
+def test_only_init_demo_and_serve_create_the_file(tmp_path):
+    """Every other command refuses a missing file, naming it (SPEC §16): put, append,
+    tokens create and runs import too, which made an empty store at a mistyped path."""
+    (tmp_path / "dump").mkdir()
+    for args in (["put", "app:a", "k", "1"], ["append", "app:a", "k", "[1]"], ["keys", "app:a"],
+                 ["delete", "app:a", "k"], ["vacuum"], ["tokens", "create", "bob"],
+                 ["runs", "import", str(tmp_path / "dump")], ["settings"]):
+        p = str(tmp_path / f"{args[0]}-{args[1] if len(args) > 1 else ''}.db")
+        r = run(p, *args)
+        assert r.exit_code == 1 and f"no database at {p}" in r.stderr, (args, r.output)
+        assert not os.path.exists(p), args
+    p = str(tmp_path / "init.db")
+    assert run(p, "init").exit_code == 0 and os.path.exists(p)
+
+
+def test_an_admin_token_takes_no_grants(db_path):
+    """tokens create --admin --grant: refused (invalid_value, exit 1), no token made: an
+    admin is never restricted, so the grants would be a lie (SPEC §16)."""
+    run(db_path, "init")
+    r = run(db_path, "tokens", "create", "ops", "--admin", "--grant", "thread:t-1")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: invalid_value:")
+    with agentstate.open(db_path) as db:
+        assert db.tokens.list() == []
+        with pytest.raises(agentstate.InvalidValue):
+            db.tokens.create("ops", admin=True, grants=["thread:t-1"])
+        assert db.tokens.list() == []
 
 
 def test_check_reports_damage_with_location(db_path):
@@ -163,6 +189,7 @@ def test_runs_commands(db_path, tmp_path):
     out = tmp_path / "export"
     assert run(db_path, "runs", "export", "r1", str(out)).exit_code == 0
     other = str(tmp_path / "other.db")
+    run(other, "init")
     assert jrun(other, "runs", "import", str(out)) == [{"run_id": "r1", "added": 5, "error": None}]
     assert jrun(other, "runs", "import", str(out)) == [{"run_id": "r1", "added": 0, "error": None}]
     (out / "r1" / "log.jsonl").write_text('{"seq": 0}\n{oops\n')

@@ -33,7 +33,7 @@ def put(obj: Ctx, scope: str, key: str, value: str, if_version: int | None) -> N
     kind, sid = parse_scope(scope)
     v = parse_json(value, "VALUE")
     validate_first(kind, sid, key, value=v)
-    version = obj.open(create=True).scope(kind, sid).put(key, v, if_version=if_version)
+    version = obj.open().scope(kind, sid).put(key, v, if_version=if_version)
     obj.out({"version": version}, f"version {version}")
 
 
@@ -49,7 +49,7 @@ def append(obj: Ctx, scope: str, key: str, items: str) -> None:
     if not isinstance(v, list):
         fail("invalid_value", "ITEMS must be a JSON list, e.g. '[1, 2]'")
     validate_first(kind, sid, key, items=v)
-    r = obj.open(create=True).scope(kind, sid).append(key, v)
+    r = obj.open().scope(kind, sid).append(key, v)
     obj.out({"length": r.length, "version": r.version}, f"length {r.length}, version {r.version}")
 
 

@@ -117,7 +117,7 @@ def runs_export(obj: Ctx, run_id: str, folder: str) -> None:
 @pass_obj
 def runs_import(obj: Ctx, folder: str) -> None:
     """Import every FOLDER/ID/ (log.jsonl, snapshot.json); entries already stored are skipped."""
-    results = obj.open(create=True).runs.import_runs(folder)
+    results = obj.open().runs.import_runs(folder)
     obj.out([r._asdict() for r in results], "\n".join(
         f"{r.run_id}: error: {r.error}" if r.error else f"{r.run_id}: +{r.added} entries"
         for r in results))

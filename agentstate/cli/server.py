@@ -83,7 +83,7 @@ def tokens_create(obj: Ctx, name: str, admin: bool, grants: tuple[str, ...],
                               "the --grant rules")
     if expires is not None and expires <= 0:
         fail("invalid_value", "--expires must be a duration over 0")
-    token = obj.open(create=True).tokens.create(name, admin=admin, grants=grants or None,
+    token = obj.open().tokens.create(name, admin=admin, grants=grants or None,
                                                  expires=expires)
     obj.out({"name": name, "admin": admin, "grants": None if rules is None else [str(r) for r in rules],
              "expires_in": expires, "token": token}, token)
