@@ -37,6 +37,7 @@ def test_1_refused_command_never_deletes_a_file_another_process_wrote(tmp_path, 
         _agent_writes(path)  # an agent opened the new file meanwhile and wrote to it
         real_put(self, key, value, if_version=99)  # the command's own write is refused
 
+    assert CliRunner().invoke(cli, ["--db", path, "init"]).exit_code == 0
     monkeypatch.setattr(agentstate.Scope, "put", put_refused_after_an_agent_wrote)
     r = CliRunner().invoke(cli, ["--db", path, "put", "app:x", "k", "1"])
     assert r.exit_code == 1 and "version_conflict" in r.stderr
@@ -61,6 +62,7 @@ def test_2_import_into_a_new_file_keeps_the_good_runs(tmp_path):
     (src / "bad").mkdir()
     (src / "bad" / "log.jsonl").write_text("not json\n")
     path = str(tmp_path / "new.db")
+    assert CliRunner().invoke(cli, ["--db", path, "init"]).exit_code == 0
     r = CliRunner().invoke(cli, ["--db", path, "runs", "import", str(src)])
     assert r.exit_code == 1 and "1 of 2 runs not imported" in r.stderr
     with agentstate.open(path) as db:
@@ -300,7 +302,7 @@ def test_14_backup_or_vacuum_inside_a_transaction_is_a_usage_error(db, tmp_path)
 
 
 @pytest.mark.parametrize("value", ["-0.5", "-5", "-1e3"])
-def test_15_negative_numbers_are_values_not_options(db_path, value):
+def test_15_negative_numbers_are_values_not_options(db, db_path, value):
     r = CliRunner().invoke(cli, ["--db", db_path, "put", "app:cfg", "t", value])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, ["--db", db_path, "append", "app:cfg", "-list", "[" + value + "]"])
@@ -310,7 +312,7 @@ def test_15_negative_numbers_are_values_not_options(db_path, value):
         assert db.scope("app", "cfg").length("-list") == 1
 
 
-def test_16_command_stdin_is_bytes_with_anything_in_it(db_path):
+def test_16_command_stdin_is_bytes_with_anything_in_it(db, db_path):
     """A real stdin is bytes: lone-surrogate and non-UTF-8 bytes are refused in one line."""
     for data in ('"\udcff"'.encode("utf-8", "surrogatepass"), b"\xff\xfe"):
         r = CliRunner().invoke(cli, ["--db", db_path, "put", "app:a", "k", "-"], input=data)

@@ -134,6 +134,7 @@ def test_tokens_list_and_create_on_the_command(tmp_path):
     """tokens create --grant ... --expires DUR prints the token once; tokens list shows id,
     principal, admin flag, grants, creation and expiry, never a token."""
     path, run = str(tmp_path / "a.db"), CliRunner().invoke
+    assert run(cli, ["--db", path, "init"]).exit_code == 0
     r = run(cli, ["--db", path, "tokens", "create", "bob", "--grant", "thread:t-1",
                   "--grant", "runs:team-a-*=r", "--expires", "30d"])
     assert r.exit_code == 0, r.output
