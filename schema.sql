@@ -178,6 +178,14 @@ CREATE TABLE change (
     count    INTEGER   -- how many items or entries from start
 ) STRICT;
 
+-- The store's own id (one row, made with the store): what tells two stores apart where
+-- both are seen at once — the pages' sign-in cookie is named by it (SPEC §16), so two
+-- stores served on one host do not share or clobber a sign-in.
+CREATE TABLE store (
+    id TEXT NOT NULL DEFAULT (lower(hex(randomblob(8))))
+) STRICT;
+INSERT INTO store DEFAULT VALUES;
+
 -- Settings every process of the file agrees on (SPEC §10); absent: the default.
 CREATE TABLE setting (
     name  TEXT PRIMARY KEY,

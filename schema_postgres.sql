@@ -253,6 +253,15 @@ CREATE UNLOGGED TABLE change_pending (
     count    bigint
 );
 
+-- The store's own id (one row, made with the store): what tells two stores apart where
+-- both are seen at once — the pages' sign-in cookie is named by it (SPEC §16), so two
+-- stores served on one host do not share or clobber a sign-in.
+CREATE TABLE store (
+    id text NOT NULL DEFAULT substr(md5(random()::text || clock_timestamp()::text), 1, 16)
+);
+CREATE UNIQUE INDEX store_one ON store ((true));
+INSERT INTO store DEFAULT VALUES;
+
 -- Settings every client of the store agrees on (SPEC §10); absent: the default.
 CREATE TABLE setting (
     name  text COLLATE "C" PRIMARY KEY,

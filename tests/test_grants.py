@@ -717,7 +717,7 @@ def test_a_version_2_postgresql_store_gains_grants_expiry_and_sign_ins(pg_url):
         old = db.tokens.create("bob")
     with psycopg.connect(pg_url, autocommit=True) as c:
         want = _shape(c)
-        c.execute("DROP TABLE run_call; "  # 0.4's (the 3->4 step makes it again)
+        c.execute("DROP TABLE run_call; DROP TABLE store; "  # 0.4's (the 3->4 step makes them again)
                   "DROP TABLE signin; ALTER TABLE token DROP COLUMN grants, DROP COLUMN expires_at; "
                   "DROP VIEW runs; DROP INDEX run_entry_call; ALTER TABLE run DROP COLUMN pinned; "
                   "CREATE VIEW runs AS SELECT id FROM run; UPDATE agentstate_version SET version = 2")

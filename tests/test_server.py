@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate.cli import cli
 from agentstate.server import create_app
-from agentstate.server.ui._signin import COOKIE
 
 from .conftest import file_digest
 from .serverproc import serve
@@ -59,6 +58,12 @@ class _Sync(httpx.BaseTransport):
             return httpx.Response(r.status_code, headers=r.headers, content=content)
 
         return self.loop.run_until_complete(go())
+
+
+def signin_cookie(r) -> tuple[str, str]:
+    """The sign-in cookie a /ui/login answer set: its name (the store's: SPEC §16) and value."""
+    (name, value), = [(k, v) for k, v in r.cookies.items() if k.startswith("agentstate_ui_")]
+    return name, value
 
 
 def err(r):
@@ -302,6 +307,7 @@ def test_eight_client_processes_through_the_server(tmp_path):
 def test_command_tokens_and_serve_makes_the_first_admin_token(tmp_path):
     path = str(tmp_path / "t.db")
     run = lambda *a: CliRunner().invoke(cli, ["--db", path, *a])  # noqa: E731
+    assert run("init").exit_code == 0
     r = run("--json", "tokens", "create", "alice")
     assert r.exit_code == 0 and json.loads(r.stdout)["name"] == "alice"
     token = json.loads(r.stdout)["token"]
@@ -452,7 +458,7 @@ def test_ctrl_c_stops_the_server_while_streams_and_long_polls_are_open(tmp_path)
     try:
         page = httpx.Client(base_url=srv.url)
         r = page.post("/ui/login", data={"token": srv.token, "next": "/ui"})
-        page.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+        page.cookies.set(*signin_cookie(r), path="/ui")
         poll = threading.Thread(target=long_poll)
         poll.start()  # first: it has the streams' two round trips and a second to arrive
         with httpx.stream("GET", srv.url + "/v1/changes/stream", headers=h, timeout=60) as api_s, \

@@ -213,7 +213,7 @@ def test_reading_a_hostile_stored_value_never_stalls_the_server(any_db):
         for path, at_least in reads:
             got = []
             headers = {"authorization": f"Bearer {token}"} if path.startswith("/v1") else \
-                {"cookie": f"agentstate_ui={page.signin}"}
+                {"cookie": f"{app.state.api.cookie}={page.signin}"}
             reader = threading.Thread(target=lambda: got.append(httpx.get(
                 url + path, headers=headers, timeout=120)))
             reader.start()
@@ -410,7 +410,7 @@ def test_a_token_revoked_or_expired_while_its_body_arrives_writes_nothing(api):
 def test_a_sign_in_ended_while_its_decision_arrives_decides_nothing(api):
     """The pages' decide form: a sign-in that ended (its token revoked) while the form was
     on its way decides nothing (401)."""
-    from agentstate.server.ui._signin import COOKIE, RECHECK_S, csrf_of
+    from agentstate.server.ui._signin import RECHECK_S, csrf_of
 
     client, db, tok, app = api
     import agentstate
@@ -421,12 +421,12 @@ def test_a_sign_in_ended_while_its_decision_arrives_decides_nothing(api):
     turn.hold({"ask": "ok?"})
     token = db.tokens.create("erin")
     page = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
-    signin = page.post("/ui/login", data={"token": token, "next": "/ui"}).cookies[COOKIE]
+    signin = page.post("/ui/login", data={"token": token, "next": "/ui"}).cookies[app.state.api.cookie]
 
     async def main():
         async with app.router.lifespan_context(app):
             body = f"csrf={csrf_of(signin)}&decision=%7B%22yes%22%3Atrue%7D".encode()
-            headers = {"cookie": f"{COOKIE}={signin}", "host": "t", "origin": "http://t",
+            headers = {"cookie": f"{app.state.api.cookie}={signin}", "host": "t", "origin": "http://t",
                        "content-type": "application/x-www-form-urlencoded",
                        "content-length": str(len(body))}
 

@@ -21,10 +21,9 @@ import uvicorn
 
 import agentstate
 from agentstate.server import create_app
-from agentstate.server.ui._signin import COOKIE
 
 from .serverproc import free_port, serve
-from .test_server import _Sync, err
+from .test_server import _Sync, err, signin_cookie
 
 HEX = "0123456789abcdef"
 
@@ -47,8 +46,8 @@ def sign_in(app, token):
     c = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
     r = c.post("/ui/login", data={"token": token, "next": "/ui"})
     assert r.status_code == 303
-    c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
-    c.signin = r.cookies[COOKIE]
+    c.cookies.set(app.state.api.cookie, r.cookies[app.state.api.cookie], path="/ui")
+    c.signin = r.cookies[app.state.api.cookie]
     return c
 
 
@@ -272,7 +271,7 @@ def test_a_revoked_token_s_open_stream_ends(tmp_path):
             bob = local.tokens.create("bob")
             page = httpx.Client(base_url=srv.url)
             r = page.post("/ui/login", data={"token": bob, "next": "/ui"})
-            page.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+            page.cookies.set(*signin_cookie(r), path="/ui")
             with httpx.stream("GET", srv.url + "/v1/changes/stream", timeout=30,
                               headers={"authorization": f"Bearer {bob}"}) as api_s, \
                     page.stream("GET", "/ui/stream", timeout=30) as ui_s:
@@ -376,7 +375,7 @@ def test_head_of_a_stream_or_a_long_poll_answers_at_once(api):
         for path, query, headers in (
                 ("/v1/changes/stream", "", bearer(tok["bob"])),
                 ("/v1/changes", "wait=300", bearer(tok["bob"])),
-                ("/ui/stream", "", [(b"cookie", f"{COOKIE}={cookie}".encode())])):
+                ("/ui/stream", "", [(b"cookie", f"{app.state.api.cookie}={cookie}".encode())])):
             t0 = time.monotonic()
             status, body = await asyncio.wait_for(call(app, "HEAD", path, query, headers), 20)
             out.append((path, status, body, time.monotonic() - t0))
@@ -399,7 +398,7 @@ def test_a_page_s_stream_starts_where_the_page_was_rendered(api):
     rendered = int(re.search(r'data-since="(\d+)"', html).group(1))
     assert rendered == db.last_change()
     db.scope("app", "a").put("meanwhile", 1)  # before the page's script connects
-    cookie = [(b"cookie", f"{COOKIE}={page.signin}".encode())]
+    cookie = [(b"cookie", f"{app.state.api.cookie}={page.signin}".encode())]
 
     async def main():
         return await asyncio.wait_for(call(app, "GET", "/ui/stream", f"since={rendered}", cookie,
@@ -491,7 +490,7 @@ def test_the_cap_on_open_streams_is_exact_under_a_burst(api, monkeypatch):
         statuses = asyncio.run(burst(150, "/v1/changes/stream", headers=bob))
         assert (statuses.count(200), statuses.count(503)) == (64, 86)
         page = sign_in(app, tok["bob"])
-        cookies = {COOKIE: page.signin}
+        cookies = {app.state.api.cookie: page.signin}
         statuses = asyncio.run(burst(80, "/ui/stream", cookies=cookies))
         assert (statuses.count(200), statuses.count(503)) == (64, 16)
         deadline = time.monotonic() + 20

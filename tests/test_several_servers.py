@@ -24,12 +24,12 @@ import httpx
 import pytest
 
 import agentstate
-from agentstate.server.ui._signin import COOKIE
 
 from . import workers
 from .conftest import target
 from .serverproc import free_port
 from .test_server_feed import events
+from .test_server import signin_cookie
 
 SLACK = 3.0  # seconds allowed on top of the SPEC's bound (a loaded machine)
 
@@ -170,7 +170,7 @@ def test_a_sign_in_through_one_server_is_a_sign_in_on_all(cluster):
     _until(lambda: _get(urls[0], "/v1/whoami", t).status_code == 200, 2 + SLACK)
     r = httpx.post(urls[0] + "/ui/login", data={"token": t, "next": "/ui"}, timeout=30)
     assert r.status_code == 303
-    cookie = {COOKIE: r.cookies[COOKIE]}
+    cookie = dict([signin_cookie(r)])
     for u in urls:
         assert httpx.get(u + "/ui", cookies=cookie, timeout=30).status_code == 200, u
     page = httpx.get(urls[2] + "/ui", cookies=cookie, timeout=30).text

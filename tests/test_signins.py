@@ -15,7 +15,6 @@ import pytest
 import agentstate
 from agentstate.backends.local import digest as hash_of
 from agentstate.server import create_app
-from agentstate.server.ui._signin import COOKIE
 
 from .conftest import RawSQL, target
 from .test_server import _Sync
@@ -35,14 +34,14 @@ def two(any_db):
 def page(app, cookie=None):
     c = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
     if cookie is not None:
-        c.cookies.set(COOKIE, cookie, path="/ui")
+        c.cookies.set(app.state.api.cookie, cookie, path="/ui")
     return c
 
 
 def sign_in(app, token) -> str:
     r = page(app).post("/ui/login", data={"token": token, "next": "/ui"})
     assert r.status_code == 303 and r.headers["location"] == "/ui"
-    return r.cookies[COOKIE]
+    return r.cookies[app.state.api.cookie]
 
 
 def signed_out_within(app, cookie, seconds=10.0) -> float:
@@ -145,6 +144,27 @@ def test_an_expired_token_cannot_sign_in(two):
         past = "now() - interval '1 second'" if sql.pg else str(time.time() - 1)
         sql.execute(f"UPDATE token SET expires_at = {past} WHERE hash = ?", (hash_of(t),))
     r = page(app1).post("/ui/login", data={"token": t, "next": "/ui"})
-    assert COOKIE not in r.cookies
+    assert app1.state.api.cookie not in r.cookies
     with RawSQL(db) as sql:
         assert sql.execute("SELECT count(*) FROM signin")[0][0] == 0
+
+
+def test_two_stores_on_one_host_keep_their_own_sign_ins(two, tmp_path):
+    """The sign-in cookie's name carries the store's id (SPEC §16): two stores served on
+    one host (cookies ignore the port) neither share nor clobber a sign-in — a browser keeps
+    both and each store finds its own; the servers of one store name it alike."""
+    db, app1, app2, tok = two
+    assert app1.state.api.cookie == app2.state.api.cookie  # one store, every server
+    with agentstate.open(str(tmp_path / "other.db")) as other:
+        app3 = create_app(other)
+        assert app3.state.api.cookie != app1.state.api.cookie
+        jar = {app1.state.api.cookie: sign_in(app1, tok["alice"])}
+
+        def browse(app):  # one browser on one host: every cookie it holds, sent to each
+            return httpx.Client(transport=_Sync(app), base_url="http://t", cookies=jar,
+                                follow_redirects=False).get("/ui")
+
+        assert browse(app3).status_code == 303  # not signed in to the other store
+        jar[app3.state.api.cookie] = sign_in(app3, other.tokens.create("carol"))
+        assert len(jar) == 2  # both kept
+        assert "alice" in browse(app1).text and "carol" in browse(app3).text

@@ -15,7 +15,7 @@ import pytest
 
 import agentstate
 from agentstate.server import create_app
-from agentstate.server.ui._signin import COOKIE, RECHECK_S, safe_next
+from agentstate.server.ui._signin import RECHECK_S, safe_next
 from agentstate.server.ui._timeline import timeline
 
 from .test_server import _Sync
@@ -36,7 +36,7 @@ def ui(any_db):
         if who is not None:
             r = c.post("/ui/login", data={"token": tok[who], "next": "/ui"})
             assert r.status_code == 303 and r.headers["location"] == "/ui"
-            c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+            c.cookies.set(app.state.api.cookie, r.cookies[app.state.api.cookie], path="/ui")
         return c
 
     return client, db, tok
@@ -59,7 +59,7 @@ def test_signed_out_pages_send_to_the_sign_in_form_and_the_token_stays_out_of_ur
     form = anon.get("/ui/login?next=/ui/runs")
     assert 'method="post"' in form.text and 'type="password"' in form.text
     bad = anon.post("/ui/login", data={"token": "nope", "next": "/ui"})
-    assert bad.status_code == 401 and "unknown token" in bad.text and COOKIE not in bad.headers.get("set-cookie", "")
+    assert bad.status_code == 401 and "unknown token" in bad.text and "agentstate_ui" not in bad.headers.get("set-cookie", "")
     r = anon.post("/ui/login", data={"token": tok["alice"], "next": "/ui/runs"})
     assert r.status_code == 303 and r.headers["location"] == "/ui/runs"
     cookie = r.headers["set-cookie"]
@@ -265,7 +265,7 @@ def test_the_pages_read_pages_never_tables(db, tmp_path):
         for who in ("ops", "alice"):
             c = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
             r = c.post("/ui/login", data={"token": tok[who], "next": "/ui"})
-            c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+            c.cookies.set(app.state.api.cookie, r.cookies[app.state.api.cookie], path="/ui")
             for path, shows in (("/ui", "100+"), ("/ui/runs", "run-1999"), ("/ui/sessions", "s-"),
                                 ("/ui/turns?which=held", "held"), ("/ui/turns?which=expired", "expired"),
                                 ("/ui/turns?which=active", "running"), ("/ui/runs/long", "long one"),
@@ -317,7 +317,7 @@ def test_claims_are_judged_by_the_store_s_clock(pg_url, monkeypatch):
         app = create_app(db)
         c = httpx.Client(transport=_Sync(app), base_url="http://t")
         r = c.post("/ui/login", data={"token": db.tokens.create("ops", admin=True), "next": "/ui"})
-        c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+        c.cookies.set(app.state.api.cookie, r.cookies[app.state.api.cookie], path="/ui")
         page = c.get("/ui/runs/r").text
         assert "in progress: claimed at" in page and "in doubt" not in page
         shown = CliRunner().invoke(cli, ["--db", pg_url, "--json", "runs", "show", "r"])

@@ -14,7 +14,6 @@ import pytest
 
 import agentstate
 from agentstate.server import create_app
-from agentstate.server.ui._signin import COOKIE
 
 from .test_server import _Sync
 
@@ -36,7 +35,7 @@ def ui(any_db):
     def client(who="admin"):
         c = httpx.Client(transport=_Sync(app), base_url="http://t", follow_redirects=False)
         r = c.post("/ui/login", data={"token": tok[who], "next": "/ui"})
-        c.cookies.set(COOKIE, r.cookies[COOKIE], path="/ui")
+        c.cookies.set(app.state.api.cookie, r.cookies[app.state.api.cookie], path="/ui")
         return c
 
     return client, db

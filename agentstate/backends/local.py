@@ -504,6 +504,9 @@ class LocalOps:
     def info(self) -> dict[str, Any]:
         return self.admin.info(self.store)
 
+    def store_id(self) -> str:
+        return self.admin.store_id(self.store)
+
     def backup(self, dest: str, progress: Callable[[int, int], None] | None) -> str:
         return self.admin.backup(self.store, dest, progress)
 

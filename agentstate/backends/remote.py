@@ -156,6 +156,9 @@ class RemoteOps:
     def clock(self) -> float:
         return float(self._call("GET", "/v1/health")["now"])
 
+    def store_id(self) -> str:
+        return str(self._call("GET", "/v1/health")["store"])
+
     def exclusive(self) -> Any:
         return contextlib.nullcontext()
 

@@ -168,6 +168,8 @@ class API:
         self.routes: list[Route_] = []  # the route table, set by create_app
         self.document: bytes | None = None  # the OpenAPI document, made at its first request
         self._big: asyncio.Semaphore | None = None  # made on the server's own loop
+        self.store_id = db._ops.store_id()  # the same through every server of the store
+        self.cookie = f"agentstate_ui_{self.store_id}"  # the pages' sign-in (SPEC §16)
 
     @property
     def big(self) -> asyncio.Semaphore:

@@ -78,6 +78,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Changes": _obj(changes={"type": "array", "items": CHANGE}, last=INT),
     "Settings": {"type": "object", "properties": {"feed_retention": INT}},
     "Health": _obj(ok={"type": "boolean"}, version={"type": "string"},
+                   store={"type": "string", "description": "the store's own id"},
                    now={"type": "number", "description": "the store's clock, unix seconds"}),
     "Head": _obj(head=INT),
     "Values": _obj(values={"type": "object", "additionalProperties": VERSIONED}),

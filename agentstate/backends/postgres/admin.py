@@ -138,6 +138,11 @@ def check(store: Store) -> list[str]:
     return problems
 
 
+def store_id(store: Store) -> str:
+    """The store's own id (the ``store`` table's one row), made with the store."""
+    return str(store.query("SELECT id FROM store")[0][0])
+
+
 def info(store: Store) -> dict[str, Any]:
     with store.snapshot() as c:
         row = c.execute(
@@ -176,7 +181,7 @@ def vacuum(store: Store) -> dict[str, int]:
                      "(autovacuum, or VACUUM in psql); expired keys are purged as writes happen")
 
 
-__all__ = ["backup", "check", "info", "purge", "sql", "vacuum"]
+__all__ = ["backup", "check", "info", "purge", "sql", "store_id", "vacuum"]
 
 
 # What a statement that only reads starts with (a data-modifying WITH, SELECT INTO or

@@ -20,7 +20,8 @@ from .errors import translate
 from .statements import first, quiet_rollback
 
 OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "run_call", "session", "turn",
-              "change", "feed_head", "change_new", "change_pending", "setting", "token", "signin")
+              "change", "feed_head", "change_new", "change_pending", "setting", "store", "token",
+              "signin")
 
 
 def schema_text() -> str:
@@ -78,8 +79,11 @@ def _v2_to_v3(c: psycopg.Connection) -> None:
 
 
 def _v3_to_v4(c: psycopg.Connection) -> None:
-    """0.4: the calls a trim took out of a run's history (SPEC §16)."""
+    """0.4: the calls a trim took out of a run's history, the store's id (SPEC §16)."""
     c.execute(schema_object("run_call"))
+    c.execute(schema_object("store"))
+    c.execute(schema_object("store_one"))
+    c.execute("INSERT INTO store DEFAULT VALUES")
     for name in ("run_trim", "run_fork"):
         c.execute(schema_function(name))
 

@@ -131,6 +131,11 @@ def check(store: Store) -> list[str]:
     return problems
 
 
+def store_id(store: Store) -> str:
+    """The store's own id (the ``store`` table's one row), made with the store."""
+    return str(store.query("SELECT id FROM store")[0][0])
+
+
 def info(store: Store) -> dict[str, Any]:
     def size(p: str) -> int:
         try:
@@ -237,7 +242,7 @@ def vacuum(store: Store) -> dict[str, int]:
     return {"size_before": before, "size_after": os.path.getsize(store.path)}
 
 
-__all__ = ["AgentStateError", "backup", "check", "info", "purge", "sql", "vacuum"]
+__all__ = ["AgentStateError", "backup", "check", "info", "purge", "sql", "store_id", "vacuum"]
 
 # -- db.sql() -------------------------------------------------------------------------------
 # Read-only is enforced before anything runs: an authorizer that lets a statement only

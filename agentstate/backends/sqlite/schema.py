@@ -138,8 +138,10 @@ def _v3_to_v4(c: apsw.Connection, schema: str) -> None:
 
 
 def _v4_to_v5(c: apsw.Connection, schema: str) -> None:
-    """0.4: the calls a trim took out of a run's history (SPEC §16)."""
+    """0.4: the calls a trim took out of a run's history, the store's id (SPEC §16)."""
     c.execute(schema_object(schema, "run_call"))
+    c.execute(schema_object(schema, "store"))
+    c.execute("INSERT INTO store DEFAULT VALUES")
 
 
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {

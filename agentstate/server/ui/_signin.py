@@ -32,7 +32,6 @@ from agentstate import _grants
 from .. import _http as h
 from .._access import Rules
 
-COOKIE = "agentstate_ui"
 IDLE_S = 12 * 3600.0  # a sign-in nobody used for this long lapses
 EXTEND_S = 3600.0  # a sign-in's end moves on when it is used, at most this often (a write)
 RECHECK_S = 1.0  # the store is asked again after this (a revoked token stops within it)
@@ -58,8 +57,9 @@ class SignIns:
     """The sign-ins of the store, as this server process sees them: the store's answer,
     remembered for ``RECHECK_S``."""
 
-    def __init__(self, db: agentstate.Database) -> None:
+    def __init__(self, db: agentstate.Database, cookie: str) -> None:
         self.db = db
+        self.cookie = cookie  # named by the store's id: two stores on one host keep theirs
         self._seen: dict[str, SignIn] = {}
 
     async def start(self, token: str) -> str | None:
@@ -69,14 +69,14 @@ class SignIns:
         return await h.blocking(self.db._ops.signin_create, token, IDLE_S)
 
     async def end(self, request: Request) -> None:
-        sid = request.cookies.get(COOKIE, "")
+        sid = request.cookies.get(self.cookie, "")
         self._seen.pop(sid, None)
         if sid:
             await h.blocking(self.db._ops.signin_end, sid)
 
     async def find(self, request: Request) -> SignIn | None:
         """The request's sign-in, asked of the store when due; None when signed out."""
-        sid = request.cookies.get(COOKIE, "")
+        sid = request.cookies.get(self.cookie, "")
         if not 20 <= len(sid) <= 100:
             return None
         s = self._seen.get(sid)

@@ -32,7 +32,7 @@ from .. import _json
 from .._limits import LIMITS
 from . import _pages as pages
 from . import _render
-from ._signin import COOKIE, SignIn, SignIns, csrf_ok, safe_next, same_origin
+from ._signin import SignIn, SignIns, csrf_ok, safe_next, same_origin
 from ._timeline import mark_claims, timeline
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class UI:
     def __init__(self, api: API) -> None:
         self.api = api
         self.db: agentstate.Database = api.db
-        self.signins = SignIns(api.db)
+        self.signins = SignIns(api.db, api.cookie)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ class UI:
         if sid is None:
             return await self.render(request, "login.html", None, 401, next=nxt, error="unknown token")
         r = RedirectResponse(nxt, 303, headers=HEADERS)
-        r.set_cookie(COOKIE, sid, path="/ui", httponly=True, samesite="strict",
+        r.set_cookie(self.signins.cookie, sid, path="/ui", httponly=True, samesite="strict",
                      secure=request.url.scheme == "https")
         return r
 
@@ -164,7 +164,7 @@ class UI:
         # would leave a live sign-in behind a browser that shows it signed out.
         await self.signins.end(request)
         r = RedirectResponse("/ui/login", 303, headers=HEADERS)
-        r.delete_cookie(COOKIE, path="/ui")
+        r.delete_cookie(self.signins.cookie, path="/ui")
         return r
 
     # -- pages ------------------------------------------------------------------------

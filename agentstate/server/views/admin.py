@@ -37,9 +37,9 @@ async def whoami(api: API, c: Call) -> Response:
 
 
 async def health(api: API, c: Call) -> Response:
-    """Liveness, the version, and the store's clock (SPEC §16: leases are judged by it;
-    the remote client's ``clock()`` reads it here)."""
-    return h.JSON({"ok": True, "version": agentstate.__version__,
+    """Liveness, the version, the store's id and its clock (SPEC §16: leases are judged by
+    it; the remote client's ``clock()`` reads it here)."""
+    return h.JSON({"ok": True, "version": agentstate.__version__, "store": api.store_id,
                    "now": await h.blocking(api.db._ops.clock)})
 
 
