@@ -799,3 +799,18 @@ def test_a_token_with_a_thousand_rules_is_answered_on_every_route(any_db):
             if int(ev.get("id", 0)) >= db.last_change():
                 break
     assert seen == want
+
+
+def test_an_admin_acting_for_a_principal_is_not_held_to_its_tokens_grants(any_db):
+    """Grants belong to a token (SPEC §16): an admin acting for bob (X-Agentstate-Principal)
+    is not limited by the grants of bob's own token, while bob's token is."""
+    db = any_db
+    app = create_app(db)
+    admin = db.tokens.create("ops", admin=True)
+    bob = db.tokens.create("bob", grants=["thread:t-1"])
+    path = "/v1/scopes/user/u-9/keys/k"
+    assert code(client(app, bob).put(path, json={"value": 1})) == "forbidden"
+    r = client(app, admin, **{"x-agentstate-principal": "bob"}).put(path, json={"value": 2})
+    assert r.status_code == 200 and db.scope("user", "u-9").get("k") == 2
+    who = client(app, admin, **{"x-agentstate-principal": "bob"}).get("/v1/whoami").json()
+    assert who == {"name": "bob", "admin": False, "grants": None}
