@@ -33,23 +33,25 @@ def _file(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def hold(path: str) -> None:
-    """A store of ``path`` opened: refuse sqlite3.connect of it while it is open."""
+def hold(path: str) -> tuple[int, int] | None:
+    """A store of ``path`` opened: refuse sqlite3.connect of it while it is open. The
+    file's key, for ``release`` (kept by the store: the path may be renamed meanwhile)."""
     global _installed
     real = _file(path)
     if real is None:
-        return
+        return None
     with _lock:
         _held[real] = _held.get(real, 0) + 1
-        if _installed:
-            return
-        _installed = True
-    sys.addaudithook(_hook)
+        if not _installed:
+            _installed = True
+            sys.addaudithook(_hook)
+    return real
 
 
-def release(path: str) -> None:
-    """A store of ``path`` closed."""
-    real = _file(path)
+def release(real: tuple[int, int] | None) -> None:
+    """A store closed (``real``: what ``hold`` returned)."""
+    if real is None:
+        return
     with _lock:
         left = _held.get(real, 0) - 1
         if left > 0:

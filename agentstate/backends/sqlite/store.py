@@ -127,7 +127,7 @@ class Store(GroupCommit):
         self._create_file()
         self.conn()  # opens, applies the schema or refuses the file
         _stores.add(self)
-        guard.hold(self.path)
+        self._held = guard.hold(self.path)
 
     # -- opening -------------------------------------------------------------
 
@@ -293,7 +293,7 @@ class Store(GroupCommit):
                 return
             self._closed = True
             conns, self._conns = self._conns, []
-        guard.release(self.path)
+        guard.release(self._held)
         for c in conns:
             try:
                 c.close(True)
