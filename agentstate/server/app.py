@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import agentstate
+from agentstate import mcp
 from agentstate.errors import AgentStateError, InvalidValue
 
 from . import _http as h
@@ -63,22 +64,24 @@ def create_app(db: agentstate.Database, *, cors_origins: Iterable[str] = ()) -> 
 
     api = API(db)
     api.routes = ROUTES
+    over_mcp = mcp.over_http(api)  # /mcp: the store as MCP tools (SPEC §18), with the mcp extra
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         api.notifier.loop = asyncio.get_running_loop()
         api.notifier.task = asyncio.create_task(api.notifier.run())
         try:
-            yield
+            async with over_mcp.running():
+                yield
         finally:
             api.notifier.task.cancel()
 
     app = Starlette(
         routes=[Route(r.path, api.endpoint(r), methods=[r.method]) for r in ROUTES],
         # CORS outermost (a preflight is answered before anything else looks at it); the
-        # pages at /ui, beside the API (not in its document).
+        # pages at /ui and MCP at /mcp, beside the API (not in its document).
         middleware=[*([Middleware(CORS, origins=cors_origins)] if cors_origins else []),
-                    ui.middleware(api)],
+                    ui.middleware(api), *over_mcp.middleware],
         # Exception's handler runs in Starlette's outermost middleware, which raises the error
         # again (for the server's log); the others' do not: an expected error is no traceback.
         exception_handlers={c: on_error for c in (Exception, AgentStateError, HTTPException,
