@@ -19,6 +19,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 
 import agentstate
@@ -139,10 +140,77 @@ def build(host: Host) -> Server[Any]:
     )
 
 
+# -- stdio ------------------------------------------------------------------------------
+
+UNREADABLE = "agentstate/unreadable"
+
+
+class Unreadable(types.RequestParams):
+    method: str
+    reason: str
+
+
+async def _unreadable(ctx: Any, params: Unreadable) -> types.CallToolResult:
+    """The answer to a request the SDK could not read (``Stdin``): for a tool call, a refused
+    call as any other; else a JSON-RPC error. Either way, with its id: the client waits no more."""
+    e = InvalidValue(f"the MCP SDK cannot read this {params.method} request ({params.reason}): "
+                     "values nested more than about 190 levels deep, and lone surrogates in "
+                     "strings, do not pass its JSON parser")
+    if params.method == "tools/call":
+        return refused(e)
+    raise MCPError(types.INVALID_PARAMS, str(e), h.error_body(e))
+
+
+class Stdin:
+    """This process's stdin for the SDK's stdio transport, with one change: a request its
+    JSON parser cannot read, but whose id the State API's own parser finds (it reads any
+    depth up to the store's, without recursion), reaches the server as an
+    ``agentstate/unreadable`` request with that id, and is answered. The SDK drops such a
+    line, and its client would wait for an answer until it gave up."""
+
+    def __init__(self) -> None:
+        import io
+        import sys
+
+        import anyio
+
+        self.lines = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8",
+                                                      errors="replace"))
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        import pydantic_core
+
+        async for line in self.lines:
+            try:
+                pydantic_core.from_json(line)
+            except ValueError as e:
+                line = self.answerable(line, e) or line
+            yield line
+
+    @staticmethod
+    def answerable(line: str, e: ValueError) -> str | None:
+        from agentstate.server import _json
+        from agentstate.server._limits import LIMITS
+
+        try:
+            msg = _json.parse(line.encode("utf-8", "surrogatepass"), LIMITS.json_values)
+        except (AgentStateError, ValueError):
+            return None
+        if not isinstance(msg, dict) or type(msg.get("id")) not in (int, str) \
+                or type(msg.get("method")) is not str:
+            return None
+        params = msg.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        return json.dumps({"jsonrpc": "2.0", "id": msg["id"], "method": UNREADABLE, "params": {
+            "method": msg["method"][:100], "reason": str(e).splitlines()[0][:200],
+            **({"_meta": meta} if isinstance(meta, dict) else {})}})
+
+
 async def serve_stdio(host: Host) -> None:
     """Serve MCP on this process's stdin and stdout until the client closes them."""
     from mcp.server.stdio import stdio_server
 
     server = build(host)
-    async with stdio_server() as (read, write):
+    server.add_request_handler(UNREADABLE, Unreadable, _unreadable)
+    async with stdio_server(stdin=Stdin()) as (read, write):  # type: ignore[arg-type]
         await server.run(read, write, server.create_initialization_options())

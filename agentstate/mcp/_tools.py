@@ -317,8 +317,8 @@ TOOLS: tuple[Tool, ...] = (
         "Finish a running turn, with an optional result: the session is free for the next "
         "turn. invalid_transition: the turn is not running (it lapsed and another took over).")),
     Tool("turn_fail", A.TurnFail, turn_fail, description=(
-        "End a running turn as failed, with what went wrong: the session is free for the next "
-        "turn.")),
+        "End a running turn as failed, with what went wrong, when it cannot complete: the "
+        "session is free for the next turn. invalid_transition: the turn no longer runs.")),
     Tool("turn_heartbeat", A.TurnHeartbeat, turn_heartbeat, description=(
         "Renew a running turn's lease. invalid_transition: the turn no longer runs (its lease "
         "lapsed and another turn started): stop working on it.")),
