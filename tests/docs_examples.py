@@ -202,6 +202,11 @@ class PageRun:
         return text
 
     def run(self) -> None:
+        # A Python block that starts the command (an MCP client, a subprocess) starts this
+        # checkout's too, as a shell block does
+        for name in ("PATH", "PYTHONPATH"):
+            self.saved_environ.setdefault(name, os.environ.get(name))
+            os.environ[name] = self.env[name]
         try:
             for block in self.page.blocks:
                 if block.marker == "skip":
