@@ -87,6 +87,34 @@ def test_bad_arguments_are_refused_with_the_store_s_error_and_change_nothing(rea
     run(go())
 
 
+def test_subscriptions_past_the_limit_are_refused(reach):
+    """One client may subscribe to at most 1,000 keys (MAX_KEYS): a listen naming more, or
+    one subscribe past them, is too_large; the server goes on."""
+    from mcp.shared.exceptions import MCPError
+
+    from agentstate.mcp._resources import MAX_KEYS
+
+    uris = [f"agentstate://scopes/user/u/keys/k{i}" for i in range(MAX_KEYS + 1)]
+
+    async def go():
+        async with reach.client() as c:
+            with pytest.raises(MCPError) as e:
+                async with c.listen(resource_subscriptions=uris):
+                    pass
+            assert e.value.data["error"]["code"] == "too_large"
+        async with reach.client(mode="legacy") as c:
+            for uri in uris[:MAX_KEYS]:
+                await c.subscribe_resource(uri)
+            with pytest.raises(MCPError) as e:
+                await c.subscribe_resource(uris[-1])
+            assert e.value.data["error"]["code"] == "too_large"
+            await c.unsubscribe_resource(uris[0])
+            await c.subscribe_resource(uris[-1])  # room again
+            assert (await call(c, "state_get", scope="user:u", key="k"))["version"] == 0
+
+    run(go())
+
+
 def test_a_cancelled_call_leaves_the_server_answering(reach):
     """A changes_wait cancelled by its client while it waits (notifications/cancelled, or
     the client gone over HTTP) ends; the server answers the next call at once."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
+import secrets
 from collections.abc import AsyncIterator
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -48,6 +50,7 @@ class OverHTTP:
             # page served from another origin does not have
             security_settings=None)
         self.middleware = [Middleware(_Path, over=self)]
+        self._key = secrets.token_bytes(32)  # names a token in memory, unlike the store's hash
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -65,8 +68,9 @@ class OverHTTP:
             await response(scope, receive, send)
             return
         # The SDK binds a session to whoever opened it (its "user"): here the token itself,
-        # by a hash (the token is never kept or logged), and whom it acts for.
-        token = hashlib.sha256(h.bearer(request).encode()).hexdigest()
+        # by a keyed hash (the token is never kept, and the store's own hash of it is not
+        # what is kept either), and whom it acts for.
+        token = hmac.new(self._key, h.bearer(request).encode(), hashlib.sha256).hexdigest()
         scope["user"] = AuthenticatedUser(AccessToken(token=token, client_id=p.name, scopes=[],
                                                       subject=token))
         await self.manager.handle_request(scope, receive, send)

@@ -11,6 +11,7 @@ session rule); a subscriber whose token is revoked is dropped at the next update
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY, ResourceUpdated, event_to_notification
 
 import agentstate
-from agentstate.errors import AgentStateError, CursorExpired, InvalidKey, NotFound
+from agentstate.errors import AgentStateError, CursorExpired, InvalidKey, NotFound, TooLarge
 from agentstate.server import _http as h
 from agentstate.server._api import DOTS
 
@@ -35,6 +36,7 @@ TEMPLATE = "agentstate://scopes/{kind}/{id}/keys/{key}"
 _URI = re.compile(r"agentstate://scopes/([^/?#]+)/([^/?#]+)/keys/([^/?#]+)")
 LIST_PAGE = 100  # resources one resources/list answer holds
 SEND_WITHIN = 1.0  # seconds an update may take to hand to one subscriber before it is dropped
+MAX_KEYS = 1000  # keys one connection or listen stream may be subscribed to
 Target = tuple[str, str, str]  # kind, scope id, key
 
 
@@ -83,6 +85,7 @@ class Subscriber:
         self.send = send
         self.still = still
         self.gone = anyio.Event()  # set when it is dropped (its token revoked, say)
+        self.keys: set[Target] = set()
 
 
 class Subscriptions:
@@ -96,6 +99,11 @@ class Subscriptions:
         self._starting = asyncio.Lock()
 
     async def add(self, sub: Subscriber, target: Target, uri: str) -> None:
+        sub.keys.add(target)
+        if len(sub.keys) > MAX_KEYS:
+            sub.keys.discard(target)
+            raise TooLarge(f"subscribed to {MAX_KEYS} keys already, the limit for one client: "
+                           "unsubscribe from some first", MAX_KEYS + 1, MAX_KEYS)
         async with self._starting:
             if self.task is None:
                 head = await h.blocking(self.db.last_change)
@@ -112,6 +120,8 @@ class Subscriptions:
                     del subs[sub]
             if not subs:
                 self.by_key.pop(t, None)
+            if sub not in subs:
+                sub.keys.discard(t)
         if target is None:
             sub.gone.set()
 
@@ -168,7 +178,7 @@ class Resources:
             i, after = 0, None
             if params is not None and params.cursor:
                 n, _, rest = params.cursor.partition(":")
-                if not n.isdigit():
+                if not re.fullmatch(r"[0-9]{1,9}", n):
                     raise InvalidKey(f"not a cursor of this list: {params.cursor[:100]!r}")
                 i, after = int(n), rest or None
             out: list[types.Resource] = []
@@ -255,15 +265,12 @@ class Resources:
     async def listen(self, ctx: Any, params: types.SubscriptionsListenRequestParams
                      ) -> types.SubscriptionsListenResult:
         """As the SDK's ``ListenHandler``: acknowledged first, then an update per write of a
-        subscribed key, until the client leaves (or its token is revoked: an error)."""
+        subscribed key, until the client leaves (or its token is revoked: an error). An open
+        stream counts as one of the API's long polls (``Waits``: bounded per principal)."""
         wanted = params.notifications
+        uris = list(wanted.resource_subscriptions or ())
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
         updates = anyio.create_memory_object_stream[str](1024)
-        try:
-            c = await self.host.caller(ctx)
-            targets = [(await _readable(c, uri))[0] for uri in wanted.resource_subscriptions or ()]
-        except Exception as e:
-            raise as_mcp_error(e) from None
 
         async def send(uri: str) -> None:
             try:
@@ -271,15 +278,29 @@ class Resources:
             except anyio.WouldBlock:  # a client that stopped reading: drop this update
                 pass
 
-        sub = Subscriber(send, c.again)
-        try:
-            for target, uri in zip(targets, wanted.resource_subscriptions or ()):
-                await self.subs.add(sub, target, uri)
+        with contextlib.ExitStack() as stack:
+            try:
+                c = await self.host.caller(ctx)
+                if len(uris) > MAX_KEYS:
+                    raise TooLarge(f"{len(uris)} keys in one subscription, over the limit of "
+                                   f"{MAX_KEYS}", len(uris), MAX_KEYS)
+                targets = [(await _readable(c, uri))[0] for uri in uris]
+                if c.waits is not None:
+                    c.waits.check(c.principal())
+                    stack.enter_context(c.waits.hold(c.principal()))
+                sub = Subscriber(send, c.again)
+                stack.callback(self.subs.remove, sub)
+                for target, uri in zip(targets, uris):
+                    await self.subs.add(sub, target, uri)
+            except Exception as e:
+                raise as_mcp_error(e) from None
+            stack.callback(updates[0].close)
+            stack.callback(updates[1].close)
             honored = types.SubscriptionFilter(
                 tools_list_changed=wanted.tools_list_changed or None,  # never sent: lists stay
                 prompts_list_changed=wanted.prompts_list_changed or None,
                 resources_list_changed=wanted.resources_list_changed or None,
-                resource_subscriptions=list(wanted.resource_subscriptions or ()) or None)
+                resource_subscriptions=uris or None)
             await ctx.session.send_notification(
                 types.SubscriptionsAcknowledgedNotification(
                     params=types.SubscriptionsAcknowledgedNotificationParams(
@@ -295,10 +316,6 @@ class Resources:
                     await ctx.session.send_notification(
                         event_to_notification(ResourceUpdated(uri), meta),
                         related_request_id=ctx.request_id)
-        finally:
-            self.subs.remove(sub)
-            updates[0].close()
-            updates[1].close()
         raise as_mcp_error(await _denied(c))
 
 

@@ -59,10 +59,14 @@ def _tool(t: Tool) -> types.Tool:
                                                         open_world_hint=False))
 
 
-def _answer(data: Any, error: bool = False) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(text=h.dumps(data).decode("utf-8", "surrogatepass"))],
-        structured_content=data, is_error=error)
+def _text(data: Any) -> str:
+    return h.dumps(data).decode("utf-8", "surrogatepass")
+
+
+def _answer(data: Any, error: bool = False, text: str | None = None) -> types.CallToolResult:
+    """A tool's answer: its JSON as text (what a model reads) and as structured content."""
+    return types.CallToolResult(content=[types.TextContent(text=text or _text(data))],
+                                structured_content=data, is_error=error)
 
 
 def refused(e: BaseException) -> types.CallToolResult:
@@ -111,7 +115,13 @@ class Tools:
             a = arguments(tool.args, params.arguments)
             if inspect.iscoroutinefunction(tool.run):
                 return _answer(await tool.run(c, a))
-            return _answer(await h.blocking(tool.run, c, a))
+
+            def run() -> tuple[Any, str]:  # an answer may be big: encoded off the event loop
+                out = tool.run(c, a)
+                return out, _text(out)
+
+            out, text = await h.blocking(run)
+            return _answer(out, text=text)
         except Exception as e:
             return refused(e)
 
