@@ -203,6 +203,17 @@ def test_the_feed_runs_calls_sessions_and_turns_answer_as_the_api(reach):
             await call(c, "call_settle", run_id="r-1", call_id="mail", error="SMTP down")
             got = await call(c, "call_claim", run_id="r-1", call_id="mail")
             assert (got["status"], got["error"]) == ("failed", "SMTP down")
+            # a claim that lapsed unsettled is in doubt; claimed again, only the new claim settles
+            await call(c, "call_claim", run_id="r-1", call_id="ship", lease=0.2)
+            await asyncio.sleep(1.0)
+            assert (await call(c, "call_claim", run_id="r-1", call_id="ship"))["status"] == \
+                "in_doubt"
+            got = await call(c, "call_claim", run_id="r-1", call_id="ship", retry=True)
+            assert (got["status"], got["entry"]["retry"]) == ("claimed", 1)
+            e = await refusal(c, "call_settle", run_id="r-1", call_id="ship", result=1, retry=0)
+            assert e["code"] == "invalid_transition"
+            await call(c, "call_settle", run_id="r-1", call_id="ship", result=2, retry=1)
+            assert (await call(c, "call_claim", run_id="r-1", call_id="ship"))["result"] == 2
 
             s = await call(c, "session_create", metadata={"title": "t"})
             assert (s["owner"], s["metadata"]) == ("alice", {"title": "t"})

@@ -172,6 +172,10 @@ class CallSettle(SettleBody):  # exactly one of result and error: the API's own 
     result: Annotated[Any, Field(description=f"The call's result if it succeeded: {JSON}.")] = None
     error: Annotated[str | None, Field(description=(
         "What went wrong, if the call failed (a text). Give result or error, not both."))] = None
+    retry: Annotated[int | None, Field(ge=0, lt=2**31, description=(
+        'The claim you settle: the "retry" of the entry call_claim gave you (0, or omit it, for '
+        "a first claim). If the call was claimed again since (retry true), nothing is recorded "
+        "and the call fails with invalid_transition: the newer claimer settles it."))] = None
 
 
 class SessionCreate(Args):

@@ -285,8 +285,7 @@ class Resources:
                     raise TooLarge(f"{len(uris)} keys in one subscription, over the limit of "
                                    f"{MAX_KEYS}", len(uris), MAX_KEYS)
                 targets = [(await _readable(c, uri))[0] for uri in uris]
-                if c.waits is not None:
-                    c.waits.check(c.principal())
+                if c.waits is not None:  # Busy past its limit
                     stack.enter_context(c.waits.hold(c.principal()))
                 sub = Subscriber(send, c.again)
                 stack.callback(self.subs.remove, sub)

@@ -133,9 +133,7 @@ async def changes_wait(c: Caller, a: A.ChangesWait) -> dict[str, Any]:
                 "last": found[-1].seq if found else max(since, head)}
     assert c.notifier is not None and c.waits is not None
     notifier, deadline = c.notifier, time.monotonic() + a.wait
-    if a.wait:
-        c.waits.check(c.principal())
-    with c.waits.hold(c.principal()) if a.wait else contextlib.nullcontext():
+    with c.waits.hold(c.principal()) if a.wait else contextlib.nullcontext():  # Busy past its limit
         while True:
             event = notifier.event  # before the read: a change during it is not missed
             shown, since, more = await h.blocking(_feedread.read, db, c.rule, c.p, since, a.limit,
@@ -204,7 +202,7 @@ def call_claim(c: Caller, a: A.CallClaim) -> dict[str, Any]:
 
 def call_settle(c: Caller, a: A.CallSettle) -> dict[str, Any]:
     c.run(a.run_id, write=True)
-    c.db.runs.settle(a.run_id, a.call_id, result=a.result, error=a.error)
+    c.db.runs.settle(a.run_id, a.call_id, result=a.result, error=a.error, retry=a.retry)
     return {"settled": True}
 
 
