@@ -24,7 +24,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentstate.errors import AgentStateError
+from agentstate.errors import AgentStateError, Busy
 from agentstate.server import _http as h
 from agentstate.server._api import API
 from agentstate.server._limits import LIMITS
@@ -41,25 +41,34 @@ class OverHTTP:
 
     def __init__(self, api: API) -> None:
         self.api = api
+        self.server = build(HttpHost(api))
+        self.manager: StreamableHTTPSessionManager | None = None  # while the app runs
+        self.middleware = [Middleware(_Path, over=self)]
+        self._key = secrets.token_bytes(32)  # names a token in memory, unlike the store's hash
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The SDK's session manager, for one run of the app (a manager runs only once)."""
         self.manager = StreamableHTTPSessionManager(
-            app=build(HttpHost(api)),
+            app=self.server,
             # the largest body a value-carrying API route takes; a run entry of the store's
             # 16 MiB limit is written through the API (POST /v1/runs/{id}/write), not here
             max_request_body_size=LIMITS.value_body,
             # DNS rebinding cannot reach this: every request needs a bearer token, which a
             # page served from another origin does not have
             security_settings=None)
-        self.middleware = [Middleware(_Path, over=self)]
-        self._key = secrets.token_bytes(32)  # names a token in memory, unlike the store's hash
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        async with self.manager.run():
-            yield
+        try:
+            async with self.manager.run():
+                yield
+        finally:
+            self.manager = None
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
+        manager = self.manager
         try:
+            if manager is None:  # the app's lifespan did not run (or has ended)
+                raise Busy("MCP is not served now: the server is starting or stopping")
             p, _rules = await self.api.caller(request)
         except AgentStateError as e:
             response = h.error_response(e)
@@ -73,7 +82,7 @@ class OverHTTP:
         token = hmac.new(self._key, h.bearer(request).encode(), hashlib.sha256).hexdigest()
         scope["user"] = AuthenticatedUser(AccessToken(token=token, client_id=p.name, scopes=[],
                                                       subject=token))
-        await self.manager.handle_request(scope, receive, send)
+        await manager.handle_request(scope, receive, send)
 
 
 class _Path:

@@ -27,7 +27,7 @@ from agentstate.errors import AgentStateError, Forbidden, InvalidValue
 from agentstate.server import _http as h
 
 from ._caller import Host
-from ._resources import Resources
+from ._resources import Resources, Subscriptions
 from ._tools import BY_NAME, TOOLS, Tool
 
 log = logging.getLogger("agentstate.mcp")
@@ -132,6 +132,7 @@ def build(host: Host) -> Server[Any]:
 
     @contextlib.asynccontextmanager
     async def lifespan(server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
+        resources.subs = Subscriptions(host.db)  # one per run: its task and lock on this loop
         async with host.running():
             try:
                 yield {}
