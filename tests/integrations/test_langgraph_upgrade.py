@@ -189,14 +189,16 @@ OLD_READER = """
 import sys, agentstate
 from agentstate.integrations.langgraph import AgentStateSaver
 assert agentstate.__file__.startswith(sys.argv[2])
-with agentstate.open(sys.argv[1]) as db:
-    try:
+try:
+    with agentstate.open(sys.argv[1]) as db:
         AgentStateSaver(db).get_tuple({"configurable": {"thread_id": "t-2"}})
         print("read")
-    except agentstate.SchemaTooNew:
-        print("SchemaTooNew")
+except agentstate.SchemaTooNew:
+    print("SchemaTooNew")
 """
 
+# The writers below open the file first, say "ready" and wait for a line on stdin: a 0.2
+# process running when the file is upgraded (one started after is refused: SchemaTooNew).
 OLD_WRITER = """
 import sys, agentstate
 from langgraph.checkpoint.base import empty_checkpoint
@@ -204,6 +206,8 @@ from agentstate.integrations.langgraph import AgentStateSaver
 assert agentstate.__file__.startswith(sys.argv[2])
 with agentstate.open(sys.argv[1]) as db:
     saver = AgentStateSaver(db)
+    print("ready", flush=True)
+    sys.argv[3:] = [sys.stdin.readline().strip()]
     ck = empty_checkpoint()
     ck["id"] = "1ffffff0-0000-6fff-8000-000000000001"
     ck["channel_values"] = {"answer": "late"}
@@ -223,9 +227,24 @@ def old_script(package: Path, script: str, *args: str) -> str:
     return done.stdout.strip()
 
 
+def old_running(package: Path, script: str, *args: str) -> subprocess.Popen[str]:
+    """A 0.2 process that has opened the file and waits (``finish`` sends it its line)."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=package,
+                            env={**os.environ, "PYTHONPATH": str(package)}, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def finish(proc: subprocess.Popen[str], line: str) -> None:
+    out, err = proc.communicate(line + "\n", timeout=300)
+    assert proc.returncode == 0, err
+
+
 def test_a_0_2_process_reading_a_migrated_thread_is_told_to_upgrade(stored, old_package, tmp_path):
-    """After the migration, 0.2's saver refuses the thread (SchemaTooNew) instead of
-    finding it empty and starting the conversation over."""
+    """After the migration, a 0.2 process is refused (SchemaTooNew: the file's schema is
+    0.4's now, and 0.2's saver refused a migrated thread alike) instead of finding it empty
+    and starting the conversation over."""
     path, _runs = pristine(stored, tmp_path)
     assert old_script(old_package, OLD_READER, path, str(old_package)) == "read"
     with agentstate.open(path) as db:
@@ -237,11 +256,12 @@ def test_a_checkpoint_a_0_2_process_stores_after_the_migration_is_read(stored, o
     """A 0.2 process in the middle of a step when the thread is migrated stores its
     next checkpoint and writes in the old layout: they are read (and migrated) too."""
     path, _runs = pristine(stored, tmp_path)
+    old = old_running(old_package, OLD_WRITER, path, str(old_package))
     with agentstate.open(path) as db:
         saver = AgentStateSaver(db)
         parent = saver.get_tuple(config("t-2")).config["configurable"]["checkpoint_id"]
         assert old_keys(db, "t-2") == []
-        old_script(old_package, OLD_WRITER, path, str(old_package), parent)
+        finish(old, parent)
         assert old_keys(db, "t-2") != []
         tup = saver.get_tuple(config("t-2"))
         assert tup.checkpoint["channel_values"] == {"answer": "late"}
@@ -255,6 +275,8 @@ import sys, agentstate
 from agentstate.integrations.langgraph import AgentStateSaver
 assert agentstate.__file__.startswith(sys.argv[2])
 with agentstate.open(sys.argv[1]) as db:
+    print("ready", flush=True)
+    sys.argv[3:] = [sys.stdin.readline().strip()]
     AgentStateSaver(db).put_writes({"configurable": {"thread_id": "t-2", "checkpoint_ns": "",
                                                      "checkpoint_id": sys.argv[3]}},
                                    [("log", "late")], "task-late")
@@ -271,10 +293,11 @@ def test_a_write_0_2_stores_for_an_older_migrated_checkpoint_is_listed_in_place(
     path, _runs = pristine(stored, tmp_path)
     expected = stored["dump"]["t-2"]["by ns"][""]
     oldest = expected[-1]["config"]["configurable"]["checkpoint_id"]
+    old = old_running(old_package, OLD_LATE_WRITE, path, str(old_package))
     with agentstate.open(path) as db:
         saver = AgentStateSaver(db)
         saver.get_tuple(config("t-2"))  # migrated
-        old_script(old_package, OLD_LATE_WRITE, path, str(old_package), oldest)
+        finish(old, oldest)
         upgrades: list[str] = []
         monkeypatch.setattr(module, "upgrade", lambda db, scope: upgrades.append(scope.id) or
                             _upgrade.upgrade(db, scope))
