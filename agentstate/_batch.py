@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextvars
 from typing import TYPE_CHECKING, Any
 
-from ._encoding import check_fence, check_key, check_kind, encode_items
+from ._encoding import MAX_VALUE, check_fence, check_key, check_kind, encode_items
 from ._scope import KEEP, Appended, _check_version, _encode_value, _ttl
-from .errors import InvalidValue
+from .errors import InvalidValue, TooLarge
 
 if TYPE_CHECKING:
     from ._database import Database
@@ -85,6 +85,21 @@ class BatchScope:
         if version is None:
             raise InvalidValue("check needs if_version: the version the key must be at (0: absent)")
         self._batch._add(("check", self.kind, self.id, key, (), {"if_version": version}))
+
+    def _put_stored(self, key: str, stored: tuple[str, Any, int]) -> None:
+        """A put of a value the database encoded itself: (type, stored, size), as
+        ``Ops.vector_value`` gives a vector (bytes on a file). For the framework adapters,
+        which run on a local database only: the State API's batch carries JSON values.
+
+        :raises InvalidKey: now.
+        :raises TooLarge: now.
+        """
+        check_key(key)
+        if stored[2] > MAX_VALUE:
+            raise TooLarge(f"value is {stored[2]} bytes, over the limit of {MAX_VALUE}",
+                           stored[2], MAX_VALUE)
+        self._batch._add(("put", self.kind, self.id, key, (*stored, None),
+                          {"if_version": None, "ttl": None}))
 
     def append(self, key: str, items: list[Any], *, ttl: float | None = None) -> None:
         """As ``Scope.append`` (``ttl`` None keeps the key's expiry).

@@ -325,6 +325,19 @@ class Ops(Protocol):
         ...
     def kv_clear(self, kind: str, sid: str) -> int: ...
 
+    # vectors (SPEC §19): the framework stores' search by meaning, on a local store only
+    def vector_search(self) -> str:
+        """How ``kv_nearest`` scores here (``sqlite-vec``, ``pgvector``, ``exact``), decided
+        once. UsageError remote; ImportError on a file without sqlite-vec."""
+    def vector_value(self, values: list[float]) -> tuple[str, Stored, int]:
+        """A vector as this store keeps it in a key: (type, stored, size), as a put takes."""
+    def kv_nearest(self, kind: str, sid: str, ranges: list[tuple[str, str]],
+                   query: list[float], metric: str, limit: int) -> list[tuple[str, float]]:
+        """(key, score) of the ``limit`` live vector keys of ``len(query)`` numbers in the key
+        ranges [low, high) nearest ``query``, best first (ties by key). ``metric``, as
+        PostgresStore scores: ``cosine`` similarity (0 for a zero vector), ``l2`` (minus
+        the distance), ``inner_product``."""
+
     # runs (SPEC §3, §10)
     def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,
                   create: bool) -> None: ...
@@ -521,6 +534,12 @@ class KVRepo(Protocol):
     def clear(self, c: Conn, kind: str, sid: str) -> int: ...
     def write_many(self, c: Conn, ops: list[Batched]) -> list[Any]: ...
     def check_many(self, c: Conn, ops: list[Batched]) -> list[int]: ...
+    def vector_method(self, c: Conn) -> str: ...
+    def vector(self, values: list[float]) -> tuple[str, Any, int]: ...
+    def nearest(self, c: Conn, kind: str, sid: str, ranges: list[tuple[str, str]],
+                query: list[float], metric: str, limit: int, method: str) -> list[tuple[str, float]]:
+        """``Ops.kv_nearest``; ``method``: ``vector_method``'s answer."""
+        ...
 
 
 class RunsRepo(Protocol):

@@ -52,6 +52,7 @@ class LocalOps:
         self._write = backend.store.call_write
         self._read = backend.store.call_read
         self._fence: str | None = None  # the turn whose lease fences every write (fenced())
+        self._vectors: str | None = None  # how kv_nearest scores (vector_search): once decided
 
     # -- the database ---------------------------------------------------------
 
@@ -190,6 +191,22 @@ class LocalOps:
 
     def kv_clear(self, kind: str, sid: str) -> int:
         return self._write(self.kv.clear, kind, sid)
+
+    # -- vectors ---------------------------------------------------------------
+
+    def vector_search(self) -> str:
+        if self._vectors is None:
+            self._vectors = self._read(self.kv.vector_method)
+        return self._vectors.partition(":")[0]
+
+    def vector_value(self, values: list[float]) -> tuple[str, Stored, int]:
+        return self.kv.vector(values)
+
+    def kv_nearest(self, kind: str, sid: str, ranges: list[tuple[str, str]],
+                   query: list[float], metric: str, limit: int) -> list[tuple[str, float]]:
+        self.vector_search()
+        return self._read(self.kv.nearest, kind, sid, ranges, query, metric, limit,
+                          self._vectors)
 
     # -- runs -----------------------------------------------------------------
 

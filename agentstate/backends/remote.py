@@ -277,6 +277,21 @@ class RemoteOps:
     def kv_clear(self, kind: str, sid: str) -> int:
         return self._call("POST", f"/v1/scopes/{_q(kind, sid)}/clear", body="{}")["cleared"]
 
+    # -- vectors: the framework stores' search runs where the store is (SPEC §19) ----------
+
+    def vector_search(self) -> str:
+        raise E.UsageError("vector search needs a database opened with agentstate.open() (a "
+                           "file or a PostgreSQL server): the State API has none")
+
+    def vector_value(self, values: list[float]) -> tuple[str, Stored, int]:
+        self.vector_search()
+        raise AssertionError("unreachable")
+
+    def kv_nearest(self, kind: str, sid: str, ranges: list[tuple[str, str]],
+                   query: list[float], metric: str, limit: int) -> list[tuple[str, float]]:
+        self.vector_search()
+        raise AssertionError("unreachable")
+
     # -- runs --------------------------------------------------------------------------------
 
     def run_write(self, run_id: str, rows: list[tuple[int, str]], snapshot: str | None,

@@ -24,6 +24,10 @@ the lock: a key created under that lock and expired meanwhile would read as live
 
 from __future__ import annotations
 
+import heapq
+import json
+import math
+import operator
 from typing import Any
 
 from ..base import KEEP, checked
@@ -312,3 +316,71 @@ def items(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
 def clear(c: Conn, kind: str, sid: str) -> int:
     """Delete every key of the scope (a ``delete`` change each); how many were live."""
     return c.execute("SELECT kv_clear(%s, %s)", (kind, sid)).fetchone()[0]
+
+
+# -- vectors (SPEC §19) ----------------------------------------------------------------
+# A vector is a JSON array of its float32s (9 significant digits give each back
+# exactly), which is also pgvector's text form. With the extension installed in the
+# database, the server scores them (cast to its type; exact: no index over a kv row);
+# without it they are read and scored here, exactly. Which one is decided when a store
+# first searches (``vector_method``), not per call.
+
+_VECTOR_SCHEMA = """SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                    WHERE e.extname = 'vector'"""
+_RANGES = """FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS r(lo, hi)
+             JOIN kv ON kv.kind = %(kind)s AND kv.scope_id = %(sid)s
+                    AND kv.key >= r.lo COLLATE "C" AND kv.key < r.hi COLLATE "C"
+             WHERE kv.type = 'json' AND {live}"""
+_ARRAYS = f"SELECT kv.key, kv.value::text {_RANGES}"
+# pgvector's operators: <=> the cosine distance (NaN for a zero vector), <-> the L2
+# distance, <#> minus the inner product; each score as PostgresStore gives it.
+_PGVECTOR = {"cosine": "coalesce(nullif(1 - ({v} OPERATOR({s}.<=>) {q}), 'NaN'), 0)",
+             "l2": "-({v} OPERATOR({s}.<->) {q})",
+             "inner_product": "-({v} OPERATOR({s}.<#>) {q})"}
+
+
+def _similarity(metric: str, a: list[float], q: list[float], q_norm: float) -> float:
+    """``a`` scored against ``q`` (of L2 norm ``q_norm``) by ``metric``, as base.METRICS says."""
+    if metric == "l2":
+        return -math.sqrt(sum((x - y) * (x - y) for x, y in zip(a, q)))
+    dot = sum(map(operator.mul, a, q))
+    if metric == "inner_product":
+        return dot
+    norm = math.sqrt(sum(map(operator.mul, a, a)))
+    return dot / (norm * q_norm) if norm and q_norm else 0.0
+
+
+def vector_method(c: Conn) -> str:
+    """``pgvector:<its schema>`` when the extension is installed in the database, else
+    ``exact``."""
+    row = c.execute(_VECTOR_SCHEMA).fetchone()
+    return "exact" if row is None else f"pgvector:{row[0]}"
+
+
+def vector(values: list[float]) -> tuple[str, Any, int]:
+    """A vector as stored: a JSON array of its float32s."""
+    text = "[" + ",".join(format(v, ".9g") for v in values) + "]"
+    return "json", text, len(text)
+
+
+def nearest(c: Conn, kind: str, sid: str, ranges: list[tuple[str, str]], query: list[float],
+            metric: str, limit: int, method: str) -> list[tuple[str, float]]:
+    """(key, score) of the best ``limit`` vectors in the key ranges: one statement (every
+    vector of the ranges is scored: exact, no approximate index)."""
+    params = {"lo": [lo for lo, _ in ranges], "hi": [hi for _, hi in ranges], "kind": kind,
+              "sid": sid, "dims": len(query), "limit": limit}
+    if method.startswith("pgvector:"):
+        schema = '"' + method[len("pgvector:"):].replace('"', '""') + '"'
+        score = _PGVECTOR[metric].format(v=f"(kv.value::text)::{schema}.vector", s=schema,
+                                         q=f"%(q)s::{schema}.vector")
+        sql = (f"SELECT kv.key, {score} AS score {_RANGES.format(live=_live(c))} "
+               "AND CASE WHEN json_typeof(kv.value) = 'array' THEN json_array_length(kv.value) END "
+               "= %(dims)s ORDER BY score DESC, kv.key LIMIT %(limit)s")
+        return c.execute(sql, {**params, "q": vector(query)[1]}).fetchall()
+    q_norm = math.sqrt(sum(x * x for x in query))
+    scored = []
+    for key, text in c.execute(_ARRAYS.format(live=_live(c)), params):
+        a = json.loads(text)
+        if isinstance(a, list) and len(a) == len(query):
+            scored.append((_similarity(metric, a, query, q_norm), key))
+    return [(key, score) for score, key in heapq.nsmallest(limit, scored, key=lambda s: (-s[0], s[1]))]

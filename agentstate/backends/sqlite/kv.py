@@ -13,10 +13,13 @@ kv_deleted, an 'expire' change is recorded), then goes on as for an absent key.
 from __future__ import annotations
 
 import json
+import math
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
+import apsw
 
 from ..._encoding import MAX_VALUE
 from ...errors import NotAList, TooLarge
@@ -463,3 +466,71 @@ def purge_expired(c: Conn, now: float, batch: int) -> int:
     for kind, sid, key, version, list_id in rows:
         _remove(c, kind, sid, key, version, list_id, "expire")
     return len(rows)
+
+
+# -- vectors (SPEC §19) ----------------------------------------------------------------
+# A vector is a bytes value of float32s, which sqlite-vec's functions read as they are
+# (JSON text would be parsed again for every row of every search: ~20x slower). The
+# extension is loaded into a connection the first time that connection searches, so
+# nothing else ever needs it: the file stays plain tables, readable without it.
+
+# CROSS JOIN keeps the ranges the outer loop, each a range of the primary key (joined the
+# other way, SQLite reads the whole scope and tries every range on every row).
+_NEAREST = """SELECT kv.key, {score} AS score FROM json_each(:ranges) AS r
+              CROSS JOIN kv ON kv.kind = :kind AND kv.scope_id = :sid
+                     AND kv.key >= r.value ->> 0 AND kv.key < r.value ->> 1
+              WHERE kv.type = 'bytes' AND length(kv.value) = :size
+                AND (kv.expires_at IS NULL OR kv.expires_at > :now)
+              ORDER BY score DESC, kv.key LIMIT :limit"""
+_COSINE = "coalesce(1.0 - vec_distance_cosine(kv.value, :q), 0.0)"  # NULL for a zero vector
+_SCORES = {
+    "cosine": _NEAREST.format(score=_COSINE),
+    "l2": _NEAREST.format(score="-vec_distance_l2(kv.value, :q)"),
+    # sqlite-vec has no inner product: the cosine times both norms (|a| is a's distance to 0)
+    "inner_product": _NEAREST.format(score=f"{_COSINE} * vec_distance_l2(kv.value, :zero) * :q_norm"),
+}
+
+
+def _load_vec(c: Conn) -> None:
+    try:
+        import sqlite_vec
+    except ImportError:
+        raise ImportError("vector search on a file needs sqlite-vec: "
+                          "pip install 'agentstate-db[vec]'") from None
+    c.enable_load_extension(True)
+    try:
+        c.load_extension(sqlite_vec.loadable_path())
+    finally:
+        c.enable_load_extension(False)  # no load_extension() for SQL run later (db.sql)
+
+
+def vector_method(c: Conn) -> str:
+    """``sqlite-vec``, once it loads here.
+
+    :raises ImportError: sqlite-vec is not installed.
+    """
+    _load_vec(c)
+    return "sqlite-vec"
+
+
+def vector(values: list[float]) -> tuple[str, Any, int]:
+    """A vector as stored: its float32s, little-endian, as a bytes value."""
+    data = struct.pack(f"<{len(values)}f", *values)
+    return "bytes", data, len(data)
+
+
+def nearest(c: Conn, kind: str, sid: str, ranges: list[tuple[str, str]], query: list[float],
+            metric: str, limit: int, method: str) -> list[tuple[str, float]]:
+    """(key, score) of the best ``limit`` vectors in the key ranges, in one statement
+    (every vector of the ranges is scored: exact, no approximate index)."""
+    args = {"ranges": json.dumps(ranges), "kind": kind, "sid": sid, "size": 4 * len(query),
+            "now": time.time(), "limit": limit, "q": vector(query)[1],
+            "zero": bytes(4 * len(query)), "q_norm": math.sqrt(sum(x * x for x in query))}
+    sql = _SCORES[metric]
+    try:
+        return c.execute(sql, args).fetchall()
+    except apsw.SQLError as e:
+        if "no such function: vec_" not in str(e):
+            raise
+    _load_vec(c)  # this connection's first search
+    return c.execute(sql, args).fetchall()
