@@ -31,40 +31,18 @@ import pytest
 from agentstate.integrations.langgraph import AgentStateStore
 from agentstate.integrations.langgraph._common import conn_string
 
-EMBEDDING = "builds the store with an embedding index (index=): AgentStateStore has no search by embedding"
 PRIVATE = "reaches into LangGraph's SQLite store internals"
 
 LEFT_OUT: dict[str, str] = {
     # test_store.py
-    "test_store.py::test_vector_store_initialization": EMBEDDING,
-    "test_store.py::test_vector_insert_with_auto_embedding": EMBEDDING,
-    "test_store.py::test_vector_update_with_embedding": EMBEDDING,
-    "test_store.py::test_vector_search_with_filters": EMBEDDING,
-    "test_store.py::test_vector_search_pagination": EMBEDDING,
-    "test_store.py::test_vector_search_edge_cases": EMBEDDING,
-    "test_store.py::test_embed_with_path": EMBEDDING,
-    "test_store.py::test_embed_with_path_operation_config": EMBEDDING,
-    "test_store.py::test_scores": EMBEDDING,
-    "test_store.py::test_non_ascii": EMBEDDING,
-    "test_store.py::test_basic_store_operations": EMBEDDING,
-    "test_store.py::test_list_namespaces_operations": EMBEDDING,
-    "test_store.py::test_search_items": EMBEDDING,
+    "test_store.py::test_vector_store_initialization":
+        PRIVATE + " (its connection, store.conn, and the name of its vector table)",
     "test_store.py::test_escape_glob_literal": PRIVATE + " (_escape_glob_literal)",
     "test_store.py::test_namespace_match_pattern": PRIVATE + " (_namespace_match_pattern)",
     "test_store.py::test_list_namespaces_prefix_uses_indexable_condition":
         PRIVATE + " (the SQL text of BaseSqliteStore._get_batch_list_namespaces_queries)",
     "test_store.py::test_nonnull_migrations": PRIVATE + " (SqliteStore.MIGRATIONS)",
     # test_async_store.py
-    "test_async_store.py::test_vector_store_initialization": EMBEDDING,
-    "test_async_store.py::test_vector_insert_with_auto_embedding": EMBEDDING,
-    "test_async_store.py::test_vector_update_with_embedding": EMBEDDING,
-    "test_async_store.py::test_vector_search_with_filters": EMBEDDING,
-    "test_async_store.py::test_vector_search_pagination": EMBEDDING,
-    "test_async_store.py::test_vector_search_edge_cases": EMBEDDING,
-    "test_async_store.py::test_embed_with_path": EMBEDDING,
-    "test_async_store.py::test_basic_store_ops": EMBEDDING,
-    "test_async_store.py::test_list_namespaces": EMBEDDING,
-    "test_async_store.py::test_search_items": EMBEDDING,
     "test_async_store.py::test_no_running_loop": (
         "asserts that sync calls on the event loop's thread fail: AsyncSqliteStore's sync "
         "methods post to its own loop and would deadlock there; AgentStateStore has no loop "

@@ -769,11 +769,6 @@ def test_store_long_namespaces_and_keys(db):
     assert store.list_namespaces() == [ns[:2]]
 
 
-def test_store_refuses_an_embedding_index(db):
-    with pytest.raises(NotImplementedError):
-        AgentStateStore(db, index={"dims": 3, "embed": lambda texts: [[0.0] * 3 for _ in texts]})
-
-
 def _store_worker(path: str, who: str, barrier: Any) -> None:
     with agentstate.open(path) as db:
         store = AgentStateStore(db)

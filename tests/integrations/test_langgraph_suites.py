@@ -3,9 +3,12 @@
 - ``langgraph-checkpoint-conformance`` 0.0.2 (the official checkpointer suite:
   every base capability and every optional one AgentStateSaver implements);
 - the store tests of the ``langgraph-checkpoint-sqlite`` 3.1.2 sdist
-  (``test_store.py``, ``test_async_store.py``, ``test_ttl.py``), fetched from
-  PyPI by version into ``tests/integrations/.cache`` and run by ``python -m
-  pytest`` with the shim ``langgraph_shim.py``, which names what it leaves out.
+  (``test_store.py``, ``test_async_store.py``, ``test_ttl.py``, vector search
+  included), fetched from PyPI by version into ``tests/integrations/.cache`` and
+  run by ``python -m pytest`` with the shim ``langgraph_shim.py``, which names
+  what it leaves out;
+- the vector-search tests of the ``langgraph-checkpoint-postgres`` 3.2.0 sdist,
+  on PostgreSQL, with the shim ``langgraph_pg_shim.py``.
 """
 
 from __future__ import annotations
@@ -41,13 +44,16 @@ def _left_out() -> dict[str, str]:
 LEFT_OUT = _left_out()
 CACHE = HERE / ".cache"
 SQLITE_SDIST = ("langgraph-checkpoint-sqlite", "3.1.2")
+POSTGRES_SDIST = ("langgraph-checkpoint-postgres", "3.2.0")
 CONFORMANCE = ("langgraph-checkpoint-conformance", "0.0.2")
 
 # The capabilities AgentStateSaver implements, and how many tests each has in 0.0.2.
 CAPABILITIES = {"put": 17, "put_writes": 10, "get_tuple": 10, "list": 16, "delete_thread": 5,
                 "delete_for_runs": 7, "copy_thread": 8, "prune": 8}
 # Tests the store suites collect once the shim has left out LEFT_OUT: all must pass.
-STORE_TESTS = {"store": 99, "ttl": 11}
+STORE_TESTS = {"store": 135, "ttl": 11}
+# The vector-search tests of PostgresStore's suites (langgraph_pg_shim.RUN), as collected.
+POSTGRES_VECTOR_TESTS = 124
 
 
 def test_conformance_suite_passes(tmp_path):
@@ -83,12 +89,14 @@ def sdist(name: str, version: str) -> Path:
     return folder
 
 
-def run_suite(root: Path, files: list[str], out: Path) -> subprocess.Popen[str]:
+def run_suite(root: Path, files: list[str], out: Path, shim: str = "langgraph_shim",
+              **env: str) -> subprocess.Popen[str]:
     # the shim, and the agentstate this process imported (not whatever else is installed)
     path = os.pathsep.join([str(HERE), str(Path(agentstate.__file__).resolve().parents[1])])
-    env = {**os.environ, "PYTHONPATH": path, "LANGGRAPH_SHIM_REPORT": str(out / "left_out.json")}
+    env = {**os.environ, **env, "PYTHONPATH": path,
+           "LANGGRAPH_SHIM_REPORT": str(out / "left_out.json")}
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "langgraph_shim", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-p", shim, "-p", "no:cacheprovider",
          "-q", "--junitxml", str(out / "junit.xml"), *files],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -113,8 +121,9 @@ TTL_GROUPS = [
 
 @pytest.mark.timeout(1200)  # a download (300 s) then the suites (600 s), each bounded
 def test_sqlite_store_suites_pass(tmp_path):
-    """LangGraph's store tests pass against AgentStateStore; the tests left out are
-    exactly the shim's list (embedding search, private internals, one with its reason)."""
+    """LangGraph's store tests, vector search included, pass against AgentStateStore on
+    a file; the tests left out are exactly the shim's list (private internals, and one
+    with its reason)."""
     root = sdist(*SQLITE_SDIST)
     runs = {}
     groups = {"store": ["tests/test_store.py", "tests/test_async_store.py"]}
@@ -132,3 +141,18 @@ def test_sqlite_store_suites_pass(tmp_path):
     assert ran == STORE_TESTS
     assert left_out == set(LEFT_OUT)
 
+
+
+@pytest.mark.timeout(1200)  # a download (300 s) then the suite (600 s), each bounded
+def test_postgres_store_vector_suites_pass(tmp_path, pg_admin_url):
+    """The vector-search tests of LangGraph's PostgresStore (sync and async, every distance
+    and vector type they try) pass against AgentStateStore on PostgreSQL: by pgvector where
+    the server has it, else by the exact search (this machine's server has no pgvector)."""
+    root = sdist(*POSTGRES_SDIST)
+    proc = run_suite(root, ["tests/test_store.py", "tests/test_async_store.py"], tmp_path,
+                     "langgraph_pg_shim", LANGGRAPH_PG_URL=pg_admin_url)
+    output, _ = proc.communicate(timeout=600)
+    counts, dropped = outcome(tmp_path)
+    assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, output
+    assert counts["tests"] == POSTGRES_VECTOR_TESTS, output
+    assert dropped and not any("vector" in name or "embed" in name for name in dropped)

@@ -12,11 +12,14 @@ too long; the originals are in the item):
 ``x.<t>.<ns>:<key>``       expiry index, soonest first: ``sweep_ttl`` reads
                            only what has expired
 ``n.<ns>``                 the namespace, while it has items
+``v.<ns>:<key>.<i>``        with ``index=``: the item's i-th vector (``_vectors.py``);
+                           the item says how many it has
 =========================  =====================================================
 
-An item, its index keys and its namespace change in one transaction. An
-expired item is absent to every read from the instant it expires;
-``sweep_ttl`` removes its keys. TTLs are in minutes, as in LangGraph.
+An item, its index keys, its vectors and its namespace change in one
+transaction; its vectors are computed before it (``_index.py``). An expired
+item is absent to every read from the instant it expires; ``sweep_ttl``
+removes its keys. TTLs are in minutes, as in LangGraph.
 """
 
 from __future__ import annotations
@@ -25,9 +28,7 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
-import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -38,6 +39,7 @@ from typing import Any
 from langgraph.store.base import (
     BaseStore,
     GetOp,
+    IndexConfig,
     Item,
     ListNamespacesOp,
     MatchCondition,
@@ -52,15 +54,14 @@ from langgraph.store.base import (
 
 import agentstate
 from agentstate._batch import BatchScope
-from agentstate._twins import async_twin
 
+from .._vectors import prefix_range
 from ._common import PAGE, conn_string, digest, esc, get_json, keys, local, token, unesc
+from ._filters import check_filter, matches
+from ._index import NOTHING, Embedded, Index, Key
 
 logger = logging.getLogger(__name__)
 
-_FILTER_KEY = re.compile(r"^[a-zA-Z0-9_.-]+$")
-_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
-_NUMBER_PREFIX = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 MANY = 1000  # keys one get_many reads at most
 KNOWN = 4096  # items and namespaces whose last write a store remembers (then it starts over)
 _FAR = 10**17  # microseconds; 17 digits hold any time this side of year 5000
@@ -73,17 +74,24 @@ class AgentStateStore(BaseStore):
     stands where ``SqliteStore(conn, ttl=...)`` stood. ``batch`` and ``abatch``
     run get, search (filters, paging), list_namespaces and put/delete; the
     reads of a batch see the store before its writes, and its writes are one
-    transaction. Search by embedding (``index=``) is not implemented.
+    transaction.
+
+    ``index={"dims": N, "embed": ..., "fields": [...]}`` (LangGraph's ``IndexConfig``,
+    see ``_index.py``) makes ``search(ns, query=...)`` rank by similarity, each item
+    with its ``score`` (its best vector's), as LangGraph's stores do; items without
+    vectors (``index=False``) follow the scored ones, unscored. On a file it needs
+    sqlite-vec (the ``vec`` extra).
     """
 
     supports_ttl = True
 
     def __init__(self, db: agentstate.Database, *, ttl: TTLConfig | None = None,
-                 index: Any = None) -> None:
-        if index is not None:
-            raise NotImplementedError("AgentStateStore does not search by embedding (index=)")
+                 index: IndexConfig | None = None) -> None:
         self.db = local(db, "AgentStateStore")
         self.ttl_config = ttl
+        self._index = None if index is None else Index(db, index)
+        self.index_config = None if self._index is None else self._index.config
+        self.embeddings = None if self._index is None else self._index.embeddings
         self._scope = db.scope("app", "langgraph.store")
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
@@ -95,7 +103,7 @@ class AgentStateStore(BaseStore):
     @classmethod
     @contextmanager
     def from_conn_string(cls, path: str, *, ttl: TTLConfig | None = None,
-                         index: Any = None) -> Iterator[AgentStateStore]:
+                         index: IndexConfig | None = None) -> Iterator[AgentStateStore]:
         """A store on the agentstate file at ``path`` (``":memory:"``: a temporary one),
         closed on exit, like ``SqliteStore.from_conn_string``."""
         with conn_string(path) as db:
@@ -116,36 +124,57 @@ class AgentStateStore(BaseStore):
         Reads first, as LangGraph's own stores do; then the puts (the last one
         of a namespace and key wins) and TTL refreshes in one transaction.
 
+        With an index, the texts of the puts and the queries are embedded first (in
+        this thread), then the batch runs.
+
         :raises InvalidNamespaceError: a namespace label is not a non-empty
             string without ``.``; nothing runs.
-        :raises ValueError: a filter key or operator LangGraph's SQLite store refuses.
+        :raises ValueError: a filter key or operator LangGraph's SQLite store refuses;
+            an embedding that is not ``dims`` finite numbers (nothing is written).
         :raises InvalidValue, TooLarge: a value that is not JSON, or over 1 MiB.
         """
+        ops, puts, searches = self._check(ops)
+        embedded = NOTHING if self._index is None else self._index.embed(puts, searches)
+        return self._batch(ops, puts, embedded)
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Async twin of ``batch``: the embeddings by the index's async calls, on the
+        event loop; the rest in a worker thread."""
+        ops, puts, searches = self._check(ops)
+        embedded = NOTHING if self._index is None else await self._index.aembed(puts, searches)
+        return await asyncio.to_thread(self._batch, ops, puts, embedded)
+
+    def _check(self, ops: Iterable[Op]) -> tuple[list[Op], dict[Key, PutOp], list[SearchOp]]:
+        """The ops, checked; the puts that count (the last of each item) and the searches."""
         ops = list(ops)
+        puts: dict[Key, PutOp] = {}
         for op in ops:
             validate_op_namespace(op)
             if isinstance(op, SearchOp):
-                _check_filter(op.filter)
+                check_filter(op.filter)
+            elif isinstance(op, PutOp):
+                puts[(tuple(op.namespace), op.key)] = op
+        return ops, puts, [op for op in ops if isinstance(op, SearchOp)]
+
+    def _batch(self, ops: list[Op], puts: dict[Key, PutOp], embedded: Embedded) -> list[Result]:
         now = time.time()
         results: list[Result] = []
         refresh: dict[str, dict[str, Any]] = {}
-        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
         for op in ops:
             if isinstance(op, GetOp):
                 results.append(self._get(op, now, refresh))
             elif isinstance(op, SearchOp):
-                results.append(self._search(op, now, refresh))
+                results.append(self._search(op, now, refresh, embedded.queries.get(op.query)))
             elif isinstance(op, ListNamespacesOp):
                 results.append(self._list_namespaces(op))
             elif isinstance(op, PutOp):
-                puts[(tuple(op.namespace), op.key)] = op
                 results.append(None)
             else:
                 raise ValueError(f"unknown store operation {op!r}")
         if puts or refresh:
             if not refresh and all(op.value is not None for op in puts.values()):
                 for attempt in range(3):
-                    if self._put_at_once(list(puts.values()), now, guess=attempt == 0):
+                    if self._put_at_once(list(puts.values()), embedded, now, attempt == 0):
                         return results
             emptied: set[str] = set()
             with self.db.transaction():
@@ -157,7 +186,8 @@ class AgentStateStore(BaseStore):
                     added: set[str] = set()
                     for op in puts.values():
                         key, n = self._keys(op)
-                        self._put(op, now, w, added, emptied, self._scope.get_many([key, n]))
+                        self._put(op, embedded, now, w, added, emptied,
+                                  self._scope.get_many([key, n]))
                         refresh.pop(key, None)
                     for key, item in refresh.items():
                         self._refresh(key, item, now, w)
@@ -168,7 +198,8 @@ class AgentStateStore(BaseStore):
                     self._known.pop(key, None)
         return results
 
-    def _put_at_once(self, puts: list[PutOp], now: float, guess: bool) -> bool:
+    def _put_at_once(self, puts: list[PutOp], embedded: Embedded, now: float, guess: bool
+                     ) -> bool:
         """Puts without a delete as one batch whose checks hold each to what it was decided
         on (on PostgreSQL one round trip, where the transaction takes three): with
         ``guess``, what this store last wrote of the items and namespaces, and an item it
@@ -192,7 +223,7 @@ class AgentStateStore(BaseStore):
                 w = b.scope("app", "langgraph.store")
                 added: set[str] = set()
                 for op in puts:
-                    self._put(op, now, w, added, set(), seen, wrote)
+                    self._put(op, embedded, now, w, added, set(), seen, wrote)
         except agentstate.VersionConflict:
             for op in puts:
                 for key in self._keys(op):
@@ -206,8 +237,6 @@ class AgentStateStore(BaseStore):
             elif op == "delete":
                 self._known.pop(key, None)
         return True
-
-    abatch = async_twin(batch)
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -236,17 +265,75 @@ class AgentStateStore(BaseStore):
         if asked and item["ttl"] is not None and (self.ttl_config or {}).get("refresh_on_read"):
             refresh[key] = item
 
-    def _search(self, op: SearchOp, now: float, refresh: dict[str, dict[str, Any]]) -> list[SearchItem]:
-        """Items of the namespaces under ``op.namespace_prefix``, newest update first.
+    def _search(self, op: SearchOp, now: float, refresh: dict[str, dict[str, Any]],
+                query: list[float] | None) -> list[SearchItem]:
+        """Items of the namespaces under ``op.namespace_prefix`` that pass the filter, from
+        ``op.offset`` on: with a ``query`` (its vector, when the store has an index), the
+        ones with vectors by score (``_nearest``), then the others; else (and for those
+        others) newest update first (``_newest``)."""
+        if op.limit <= 0:
+            return []
+        if query is None:
+            return self._newest(op, now, refresh, op.offset, op.limit, set())
+        with self.db.snapshot():  # the vectors and the items they stand for, of one moment
+            found, skip, scored = self._nearest(op, now, refresh, query)
+            if len(found) < op.limit:
+                found += self._newest(op, now, refresh, skip, op.limit - len(found), scored)
+        return found
+
+    def _nearest(self, op: SearchOp, now: float, refresh: dict[str, dict[str, Any]],
+                 query: list[float]) -> tuple[list[SearchItem], int, set[str]]:
+        """(the items found, how many of ``op.offset`` are still to skip, the keys of every
+        item with a vector met): items scored by their best vector, best first. One read
+        of the best vectors (twice as many as the items wanted have, or eight times with
+        a filter), then one of their items; more vectors only if that was not enough."""
+        index = self._index
+        assert index is not None
+        ranges = self._vector_ranges(tuple(op.namespace_prefix))
+        size = (op.offset + op.limit) * len(index.fields) * (8 if op.filter else 2) + 1
+        found: list[SearchItem] = []
+        skip, judged = op.offset, set()
+        while True:
+            rows = index.vectors.nearest("app", "langgraph.store", ranges, query, size)
+            best: dict[str, float] = {}  # an item's first row is its best
+            for vkey, score in rows:
+                best.setdefault("i." + vkey[2:vkey.rindex(".")], score)
+            fresh = [key for key in best if key not in judged]
+            items = self._scope.get_many(fresh) if fresh else {}
+            for key in fresh:
+                judged.add(key)
+                item = items[key].value
+                if not _live(item, now) or not matches(item["value"], op.filter):
+                    continue
+                if skip:
+                    skip -= 1
+                    continue
+                self._want_refresh(op.refresh_ttl, key, item, refresh)
+                found.append(_item(item, SearchItem, score=best[key]))
+                if len(found) == op.limit:
+                    return found, skip, judged
+            if len(rows) < size:
+                return found, skip, judged
+            size *= 4
+
+    def _vector_ranges(self, path: tuple[str, ...]) -> list[tuple[str, str]]:
+        """The key ranges of the vectors of the namespaces under ``path``: those whose
+        token extends path's (the namespace itself, and its children), and each hashed one."""
+        if not path:
+            return [prefix_range("v.")]
+        t = ".".join(esc(label) for label in path)
+        ranges = [prefix_range(f"v.{t}:"), prefix_range(f"v.{t}.")] if len(t) <= 100 else []
+        return ranges + [prefix_range(f"v.{n}:") for n, _ns in self._listed("n._h", path)]
+
+    def _newest(self, op: SearchOp, now: float, refresh: dict[str, dict[str, Any]], skip: int,
+                limit: int, scored: set[str]) -> list[SearchItem]:
+        """``limit`` items after ``skip``, newest update first, leaving out ``scored``.
 
         Walks the recency index of each namespace, merged, so it reads the items
         it returns, plus those a filter turns down, a ``get_many`` of candidates at
-        a time. (``query`` needs an embedding index, which this store does not
-        have; it is ignored, as LangGraph's SQLite store ignores it without one.)
+        a time.
         """
-        want = op.offset + op.limit
-        if op.limit <= 0:
-            return []
+        want = skip + limit
         # With a filter, more candidates than wanted (it may turn most down): 8 times as
         # many in the first read; then as many as the share it let through says are
         # needed, with a margin (twice as many as last time if it let none through).
@@ -254,10 +341,9 @@ class AgentStateStore(BaseStore):
         streams = [self._recent(n, first + 1)
                    for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
         found: list[SearchItem] = []
-        skip = op.offset
         merged = heapq.merge(*streams)
         size = first
-        while len(found) < op.limit:
+        while len(found) < limit:
             batch = [(stamp, f"i.{n}:{key_token}")
                      for stamp, n, key_token in itertools.islice(merged, size)]
             if not batch:
@@ -266,17 +352,18 @@ class AgentStateStore(BaseStore):
             passed = 0
             for stamp, key in batch:
                 item = items[key].value
-                if not _live(item, now) or item["r"] != stamp or not _matches(item["value"], op.filter):
-                    continue  # gone, updated since the index was read, or filtered out
+                if (key in scored or not _live(item, now) or item["r"] != stamp
+                        or not matches(item["value"], op.filter)):
+                    continue  # scored, gone, updated since the index was read, filtered out
                 passed += 1
                 if skip:
                     skip -= 1
                     continue
                 self._want_refresh(op.refresh_ttl, key, item, refresh)
                 found.append(_item(item, SearchItem))
-                if len(found) == op.limit:
+                if len(found) == limit:
                     break
-            need = skip + op.limit - len(found)
+            need = skip + limit - len(found)
             size = min(-(-need * 5 * len(batch) // (4 * passed)) if passed else 2 * len(batch), MANY)
         return found
 
@@ -300,16 +387,21 @@ class AgentStateStore(BaseStore):
         if lead and not starts[0].startswith("n._h"):
             starts.append("n._h")
         for start in starts:
-            for k in keys(self._scope, start):
-                if k.startswith("n._h"):  # hashed: the namespace is in the value
-                    entry = self._scope.get(k)
-                    if entry is None:
-                        continue
-                    ns = tuple(entry["ns"])
-                else:
-                    ns = tuple(unesc(label) for label in k[2:].split("."))
-                if prefix_only and ns[:len(path)] != path:
+            yield from self._listed(start, path if prefix_only else None)
+
+    def _listed(self, start: str, path: tuple[str, ...] | None
+                ) -> Iterator[tuple[str, tuple[str, ...]]]:
+        """(token, namespace) of the namespace entries whose keys start with ``start``
+        (only those under ``path``, if given)."""
+        for k in keys(self._scope, start):
+            if k.startswith("n._h"):  # hashed: the namespace is in the value
+                entry = self._scope.get(k)
+                if entry is None:
                     continue
+                ns = tuple(entry["ns"])
+            else:
+                ns = tuple(unesc(label) for label in k[2:].split("."))
+            if path is None or ns[:len(path)] == path:
                 yield k[2:], ns
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
@@ -329,19 +421,20 @@ class AgentStateStore(BaseStore):
         n = self._ns_token(tuple(op.namespace))
         return _item_key_in(n, op.key), f"n.{n}"
 
-    def _put(self, op: PutOp, now: float, w: BatchScope, added: set[str], emptied: set[str],
-             seen: dict[str, agentstate.Versioned],
+    def _put(self, op: PutOp, embedded: Embedded, now: float, w: BatchScope, added: set[str],
+             emptied: set[str], seen: dict[str, agentstate.Versioned],
              wrote: dict[str, dict[str, Any]] | None = None) -> None:
         """Add a put's writes to ``w``, decided on ``seen`` (its item and namespace entry, as
-        read) and held to it: the item at the version read, the namespace entry there (a
-        delete of the last item drops it) or created. ``wrote``: what a later put needs of
-        the item written (its times and index keys)."""
+        read) and held to it: the item at the version read, its vectors (``embedded``), the
+        namespace entry there (a delete of the last item drops it) or created. ``wrote``:
+        what a later put needs of the item written (its times and index keys)."""
         ns = tuple(op.namespace)
         n = self._ns_token(ns)
         key = _item_key_in(n, op.key)
         old, version = seen[key]
+        vectors = embedded.puts.get((ns, op.key), []) if op.value is not None else []
         if old is not None:
-            self._unindex(n, key, old, w)
+            self._unindex(n, key, old, w, keep=len(vectors))
         if op.value is None:
             if old is not None:
                 w.delete(key, if_version=version)
@@ -351,10 +444,14 @@ class AgentStateStore(BaseStore):
         created = old["created_at"] if _live(old, now) else now
         expires = None if op.ttl is None else now + op.ttl * 60
         item = {"ns": list(ns), "key": op.key, "value": dict(op.value), "created_at": created,
-                "updated_at": now, "ttl": op.ttl, "expires_at": expires, "r": stamp}
+                "updated_at": now, "ttl": op.ttl, "expires_at": expires, "r": stamp,
+                "v": len(vectors)}
         w.put(key, item, if_version=version)
         if wrote is not None:
-            wrote[key] = {"created_at": created, "expires_at": expires, "r": stamp}
+            wrote[key] = {"created_at": created, "expires_at": expires, "r": stamp,
+                          "v": len(vectors)}
+        for i, vector in enumerate(vectors):  # an index's (else there are none)
+            self._index.vectors.put(w, f"v.{key[2:]}.{i}", vector)  # type: ignore[union-attr]
         w.put(f"u.{n}:{stamp}.{key[len(n) + 3:]}", 0)
         if expires is not None:
             w.put(f"x.{_stamp(expires)}.{key[2:]}", 0)
@@ -377,11 +474,14 @@ class AgentStateStore(BaseStore):
             self._known.pop(f"n.{n}", None)
 
     def _unindex(self, n: str, key: str, item: dict[str, Any],
-                 w: agentstate.Scope | BatchScope) -> None:
-        """Remove an item's index keys (its recency and expiry)."""
+                 w: agentstate.Scope | BatchScope, keep: int = 0) -> None:
+        """Remove an item's index keys (its recency and expiry) and its vectors but the
+        first ``keep`` (which a put writes again)."""
         w.delete(f"u.{n}:{item['r']}.{key[len(n) + 3:]}")
         if item["expires_at"] is not None:
             w.delete(f"x.{_stamp(item['expires_at'])}.{key[2:]}")
+        for i in range(keep, item.get("v", 0)):
+            w.delete(f"v.{key[2:]}.{i}")
 
     def _refresh(self, key: str, seen: dict[str, Any], now: float, w: BatchScope) -> None:
         """Push an item's expiry ``ttl`` minutes past now, if it is still the one read."""
@@ -493,9 +593,9 @@ def _time(t: float) -> datetime:
     return datetime.fromtimestamp(t, timezone.utc)
 
 
-def _item(item: dict[str, Any], cls: type) -> Any:
+def _item(item: dict[str, Any], cls: type, **more: Any) -> Any:
     return cls(namespace=tuple(item["ns"]), key=item["key"], value=item["value"],
-               created_at=_time(item["created_at"]), updated_at=_time(item["updated_at"]))
+               created_at=_time(item["created_at"]), updated_at=_time(item["updated_at"]), **more)
 
 
 def _match(condition: MatchCondition, ns: tuple[str, ...]) -> bool:
@@ -505,74 +605,6 @@ def _match(condition: MatchCondition, ns: tuple[str, ...]) -> bool:
         return False
     part = ns[:len(path)] if condition.match_type == "prefix" else ns[len(ns) - len(path):]
     return all(p == "*" or p == label for p, label in zip(path, part))
-
-
-def _check_filter(filter: dict[str, Any] | None) -> None:
-    for key, want in (filter or {}).items():
-        if not isinstance(key, str) or not _FILTER_KEY.match(key):
-            raise ValueError(
-                f"Invalid filter key: '{key}'. Filter keys must contain only alphanumeric "
-                "characters, underscores, dots, and hyphens."
-            )
-        if isinstance(want, dict):
-            for op in want:
-                if op not in _OPERATORS:
-                    raise ValueError(f"Unsupported operator: {op}")
-
-
-def _matches(value: dict[str, Any], filter: dict[str, Any] | None) -> bool:
-    """LangGraph's SQLite store's filter semantics (``json_extract`` comparisons):
-    a dotted key walks into objects; a dict of operators compares."""
-    for key, want in (filter or {}).items():
-        have: Any = value
-        for part in key.split("."):
-            have = have.get(part) if isinstance(have, dict) else None
-        tests = want.items() if isinstance(want, dict) else [("$eq", want)]
-        if not all(_compare(have, op, w) for op, w in tests):
-            return False
-    return True
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float))  # a JSON true reads back as 1 in SQL, and bool is int
-
-
-def _equal(have: Any, want: Any) -> bool:
-    if want is None:
-        return have is None
-    if isinstance(want, str):
-        return isinstance(have, str) and have == want
-    if _is_number(want):
-        return _is_number(have) and have == want
-    return have == want
-
-
-def _real(v: Any) -> float:
-    """SQLite's ``CAST(v AS REAL)``: numbers as they are, text by its numeric prefix."""
-    if _is_number(v):
-        return float(v)
-    m = _NUMBER_PREFIX.match(v) if isinstance(v, str) else None
-    return float(m.group(0)) if m else 0.0
-
-
-def _compare(have: Any, op: str, want: Any) -> bool:
-    if op == "$eq":
-        return _equal(have, want)
-    if op == "$ne":
-        return have is not None and not _equal(have, want)
-    if have is None or want is None:
-        return False
-    if _is_number(want):
-        a, b = _real(have), float(want)
-    elif isinstance(want, str):
-        if isinstance(have, (dict, list)):
-            have = json.dumps(have, separators=(",", ":"), ensure_ascii=False)
-        if not isinstance(have, str):  # in SQL, every number sorts before every text
-            return op in ("$lt", "$lte")
-        a, b = have, want  # type: ignore[assignment]
-    else:
-        return False
-    return {"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op]
 
 
 __all__ = ["AgentStateStore"]
