@@ -6,7 +6,8 @@
 
 ``AgentStateSessionService`` is an ADK ``BaseSessionService``: it stands where
 ``SqliteSessionService("sessions.db")`` or ``DatabaseSessionService(url)`` stood,
-and many processes may share the file.
+and many processes may share the file. ADK's memory service beside it, in the same
+store, is ``agentstate.integrations.adk_memory.AgentStateMemoryService``.
 
 Where ADK's things are kept (all plain rows, readable with ``sqlite3``):
 

@@ -299,7 +299,9 @@ class AgentStateStore(BaseStore):
             for vkey, score in rows:
                 best.setdefault("i." + vkey[2:vkey.rindex(".")], score)
             fresh = [key for key in best if key not in judged]
-            items = self._scope.get_many(fresh) if fresh else {}
+            items: dict[str, agentstate.Versioned] = {}
+            for i in range(0, len(fresh), MANY):
+                items.update(self._scope.get_many(fresh[i:i + MANY]))
             for key in fresh:
                 judged.add(key)
                 item = items[key].value
