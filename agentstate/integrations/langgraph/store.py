@@ -284,13 +284,19 @@ class AgentStateStore(BaseStore):
     def _nearest(self, op: SearchOp, now: float, refresh: dict[str, dict[str, Any]],
                  query: list[float]) -> tuple[list[SearchItem], int, set[str]]:
         """(the items found, how many of ``op.offset`` are still to skip, the keys of every
-        item with a vector met): items scored by their best vector, best first. One read
-        of the best vectors (twice as many as the items wanted have, or eight times with
-        a filter), then one of their items; more vectors only if that was not enough."""
+        item with a vector met): items scored by their best vector, best first.
+
+        One read of the best vectors: twice as many as the items wanted have; with a
+        filter, which may turn most down, at least MANY (a read scores every vector
+        whatever its limit, so asking again would cost as much again, while rows cost
+        little). Then their items, a ``get_many`` at a time, as many as the share the
+        filter let through says are needed (as ``_newest`` reads). More vectors only if
+        those were not enough."""
         index = self._index
         assert index is not None
         ranges = self._vector_ranges(tuple(op.namespace_prefix))
-        size = (op.offset + op.limit) * len(index.fields) * (8 if op.filter else 2) + 1
+        want = (op.offset + op.limit) * len(index.fields)
+        size = max(MANY, 8 * want) if op.filter else 2 * want + 1
         found: list[SearchItem] = []
         skip, judged = op.offset, set()
         while True:
@@ -299,21 +305,26 @@ class AgentStateStore(BaseStore):
             for vkey, score in rows:
                 best.setdefault("i." + vkey[2:vkey.rindex(".")], score)
             fresh = [key for key in best if key not in judged]
-            items: dict[str, agentstate.Versioned] = {}
-            for i in range(0, len(fresh), MANY):
-                items.update(self._scope.get_many(fresh[i:i + MANY]))
-            for key in fresh:
-                judged.add(key)
-                item = items[key].value
-                if not _live(item, now) or not matches(item["value"], op.filter):
-                    continue
-                if skip:
-                    skip -= 1
-                    continue
-                self._want_refresh(op.refresh_ttl, key, item, refresh)
-                found.append(_item(item, SearchItem, score=best[key]))
-                if len(found) == op.limit:
-                    return found, skip, judged
+            pos, chunk = 0, min(skip + op.limit, MANY)
+            while pos < len(fresh):
+                batch = fresh[pos:pos + chunk]
+                pos += len(batch)
+                items = self._scope.get_many(batch)
+                passed = 0
+                for key in batch:
+                    judged.add(key)
+                    item = items[key].value
+                    if not _live(item, now) or not matches(item["value"], op.filter):
+                        continue
+                    passed += 1
+                    if skip:
+                        skip -= 1
+                        continue
+                    self._want_refresh(op.refresh_ttl, key, item, refresh)
+                    found.append(_item(item, SearchItem, score=best[key]))
+                    if len(found) == op.limit:
+                        return found, skip, judged
+                chunk = _next_read(skip + op.limit - len(found), len(batch), passed)
             if len(rows) < size:
                 return found, skip, judged
             size *= 4
@@ -337,8 +348,7 @@ class AgentStateStore(BaseStore):
         """
         want = skip + limit
         # With a filter, more candidates than wanted (it may turn most down): 8 times as
-        # many in the first read; then as many as the share it let through says are
-        # needed, with a margin (twice as many as last time if it let none through).
+        # many in the first read; then as many as _next_read says.
         first = min(8 * want, MANY) if op.filter else want
         streams = [self._recent(n, first + 1)
                    for n, _ns in self._namespaces(tuple(op.namespace_prefix), prefix_only=True)]
@@ -365,8 +375,7 @@ class AgentStateStore(BaseStore):
                 found.append(_item(item, SearchItem))
                 if len(found) == limit:
                     break
-            need = skip + limit - len(found)
-            size = min(-(-need * 5 * len(batch) // (4 * passed)) if passed else 2 * len(batch), MANY)
+            size = _next_read(skip + limit - len(found), len(batch), passed)
         return found
 
     def _recent(self, n: str, first: int) -> Iterator[tuple[str, str, str]]:
@@ -581,6 +590,13 @@ class AgentStateStore(BaseStore):
 def _item_key_in(n: str, key: str) -> str:
     """The key of item ``key`` in the namespace whose token is ``n``."""
     return f"i.{n}:{token(key, 60)}"
+
+
+def _next_read(need: int, read: int, passed: int) -> int:
+    """How many items to read next when ``passed`` of the last ``read`` passed a filter and
+    ``need`` more are wanted: as many as that share says, with a margin (twice as many as
+    last time if none passed), at most MANY."""
+    return min(-(-need * 5 * read // (4 * passed)) if passed else 2 * read, MANY)
 
 
 def _stamp(t: float) -> str:
