@@ -156,7 +156,7 @@ class AgentStateMemoryService(BaseMemoryService):
         vectors: dict[str, list[float]] = {}
         for _ in range(5):  # again only if another writer removed a vector meanwhile
             if self._vectors is not None:
-                have = await asyncio.to_thread(self._embedded, user, s, events)
+                have = await asyncio.to_thread(self._embedded, user, s, events, replace)
                 need = [e for e in events if e.id not in vectors and e.id not in have
                         and _text(e.content)]
                 found = await embed(self._embed, [_text(e.content) for e in need])
@@ -166,10 +166,15 @@ class AgentStateMemoryService(BaseMemoryService):
                 return
         raise agentstate.Busy(f"the memories of session {session_id!r} kept changing meanwhile")
 
-    def _embedded(self, user: agentstate.Scope, s: str, events: list[Event]) -> set[str]:
-        """The ids among ``events`` that have a memory with a vector already."""
-        have = set(_listed(user, f"mem.v.{s}:"))  # the session's vectors (``s`` has no ":")
-        return {e.id for e in events if f"mem.v.{s}:{_token(e.id)}.0" in have}
+    def _embedded(self, user: agentstate.Scope, s: str, events: list[Event],
+                  replace: bool) -> set[str]:
+        """The ids among ``events`` whose memory has its vector already (and, when they
+        replace the session's memories, is the same event)."""
+        with self._db.snapshot():
+            digests = (user.get(f"mem.s.{s}") or {}).get("digests", {})
+            have = set(_listed(user, f"mem.v.{s}:"))  # the session's vectors (``s`` has no ":")
+        return {e.id for e in events if f"mem.v.{s}:{_token(e.id)}.0" in have
+                and (not replace or digests.get(_token(e.id)) == _digest(_entry(e)))}
 
     def _write(self, user: agentstate.Scope, session_id: str, s: str, events: list[Event],
                vectors: dict[str, list[float]], replace: bool) -> bool:
@@ -184,15 +189,22 @@ class AgentStateMemoryService(BaseMemoryService):
                    if not gone[f"mem.d.{_token(e.id)}"].version]
             tokens = [_token(e.id) for e in add]
             have = set(_listed(user, f"mem.v.{s}:")) if self._vectors else set()
+            digests = dict(record.get("digests", {})) if record else {}
+            entries = {t: _entry(e) for e, t in zip(add, tokens)}
+            sums = {t: _digest(entry) for t, entry in entries.items()}
+            # What is written: the events it does not have; replacing, those that changed too
+            # (as InMemoryMemoryService, which keeps the last copy of a session's events)
             stored = set(old)
-            new = [(e, t) for e, t in zip(add, tokens) if t not in stored]
+            new = [(e, t) for e, t in zip(add, tokens)
+                   if t not in stored or replace and digests.get(t) != sums[t]]
+            changed = {t for _, t in new}
             redo = [(e, t) for e, t in zip(add, tokens) if self._vectors is not None
-                    and _text(e.content) and f"mem.v.{s}:{t}.0" not in have]
+                    and _text(e.content) and (f"mem.v.{s}:{t}.0" not in have or t in changed)]
             if any(e.id not in vectors for e, _ in redo):
                 return False
             listed = tokens if replace else old + [t for _, t in new]
             keep = set(listed)
-            if record and listed == old and not redo:
+            if record and listed == old and not new and not redo:
                 return True  # nothing new
             with self._db.batch() as b:
                 w = b.scope(user.kind, user.id)
@@ -201,10 +213,14 @@ class AgentStateMemoryService(BaseMemoryService):
                         w.delete(f"mem.e.{s}:{t}")
                         w.delete(f"mem.v.{s}:{t}.0")
                 for e, t in new:
-                    w.put(f"mem.e.{s}:{t}", _entry(e))
+                    w.put(f"mem.e.{s}:{t}", entries[t])
+                    digests[t] = sums[t]
+                    if not _text(e.content):
+                        w.delete(f"mem.v.{s}:{t}.0")  # a text it no longer has
                 for e, t in redo:
                     self._vectors.put(w, f"mem.v.{s}:{t}.0", vectors[e.id])  # type: ignore[union-attr]
-                w.put(f"mem.s.{s}", {"session_id": session_id, "order": order, "events": listed})
+                w.put(f"mem.s.{s}", {"session_id": session_id, "order": order, "events": listed,
+                                     "digests": {t: digests[t] for t in listed}})
                 if record is None:
                     w.put("mem.n", order + 1)
         return True
@@ -218,6 +234,7 @@ class AgentStateMemoryService(BaseMemoryService):
                     s = key[len("mem.e."):-len(t) - 1]
                     record = user.get(f"mem.s.{s}")
                     record["events"] = [x for x in record["events"] if x != t]
+                    record.get("digests", {}).pop(t, None)
                     user.put(f"mem.s.{s}", record)
                     user.delete(key)
                     user.delete(f"mem.v.{s}:{t}.0")
@@ -273,6 +290,11 @@ def _entry(e: Event) -> dict[str, Any]:
         entry["content"] = types.Content(role=e.content.role, parts=[
             p for p in e.content.parts or () if p.text]).model_dump(mode="json", exclude_none=True)
     return entry
+
+
+def _digest(entry: dict[str, Any]) -> str:
+    """What tells a changed memory from the one stored (kept in its session's record)."""
+    return hashlib.blake2b(json.dumps(entry, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
 def _get_many(scope: agentstate.Scope, keys: list[str]) -> dict[str, agentstate.Versioned]:

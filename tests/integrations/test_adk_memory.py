@@ -186,6 +186,28 @@ def test_no_embedding_runs_while_the_write_lock_is_held(db_path):
     assert [m.id for m in got.memories] == ["t"]
 
 
+def test_an_event_that_changed_is_written_and_embedded_again(any_db):
+    """A session added again with an event of the same id but another content replaces
+    that memory and its vector (as InMemoryMemoryService keeps the session's last copy);
+    add_events_to_memory keeps what it has."""
+    asked = []
+
+    def embed(texts):
+        asked.append(list(texts))
+        return meaning(texts)
+
+    memory = AgentStateMemoryService(any_db, index={"dims": DIMS, "embed": embed})
+    asyncio.run(memory.add_session_to_memory(session("s", [event("my cat", id="x")])))
+    asyncio.run(memory.add_session_to_memory(session("s", [event("green tea", id="x")])))
+    asyncio.run(memory.add_events_to_memory(app_name="app", user_id="ada", session_id="s",
+                                            events=[event("a car", id="x")]))
+    got = asyncio.run(memory.search_memory(app_name="app", user_id="ada", query="drink"))
+    assert [(m.id, m.content.parts[0].text) for m in got.memories] == [("x", "green tea")]
+    assert asked[:2] == [["my cat"], ["green tea"]]
+    asyncio.run(memory.add_session_to_memory(session("s", [event(None, id="y")])))
+    assert any_db.scope("user", "adk:app:ada").list("mem.v.") == []
+
+
 def test_a_deleted_memory_is_not_added_again(any_db):
     memory = AgentStateMemoryService(any_db, index={"dims": DIMS, "embed": meaning})
     s = session("s", [event("cat", id="a"), event("kitten", id="b")])
