@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 from .._encoding import decode
 from .._grants import Rule
 from ..errors import Forbidden, InvalidTransition, LeaseLost, NotFound, RunNotFound, UsageError
-from .base import TOKEN_ID, Backend, Filters, Readable, Row, Sets, Stored, Ttl, iso
+from .base import TOKEN_ID, Backend, Filters, Row, Sets, Stored, Ttl, iso
+from .grants import Readable
 from .leases import SETTLED, call_state, claim_count, claim_live, effective_status
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ import agentstate
 from agentstate import _grants
 from agentstate._encoding import check_key, check_kind
 from agentstate._grants import RUNS, Rule
-from agentstate.backends.base import SESSION_ID, Readable
+from agentstate.backends.grants import SESSION_ID, Readable
 from agentstate.errors import Forbidden, NotFound
 
 SEE_ALL = agentstate.Principal("agentstate-server", admin=True)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import SETTINGS, Filters, GrantSQL, Readable, check_cursor
+from ..base import SETTINGS, Filters, check_cursor
+from ..grants import GrantSQL, Readable
 from .statements import READ, SEQUENCE, Conn
 
 __all__ = ["head", "scan", "settings", "set_setting"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..base import SETTINGS, Conn, Filters, GrantSQL, Readable, check_cursor, iso, now_iso
+from ..base import SETTINGS, Conn, Filters, check_cursor, iso, now_iso
+from ..grants import GrantSQL, Readable
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -65,7 +66,7 @@ def changes(c: Conn, since: int, limit: int, filters: Filters, readable: Readabl
         params).fetchall()
 
 
-SESSION_FORM = "s-" + "[0-9a-f]" * 32  # base.SESSION_ID as a GLOB
+SESSION_FORM = "s-" + "[0-9a-f]" * 32  # grants.SESSION_ID as a GLOB
 
 
 class _GrantSQL(GrantSQL):
