@@ -180,3 +180,42 @@ def test_no_token_reaches_the_server_s_log(reach):
     out = reach.served.proc.stderr.read() + reach.served.proc.stdout.read()
     for t in (good, gone, unknown):
         assert t not in out
+
+
+def test_a_fence_header_fences_every_tool_s_write(reach):
+    """X-Agentstate-Fence on /mcp fences the writes of its tool calls as on the API (SPEC
+    §16: every write request): a lapsed turn's is lease_lost and writes nothing; the running
+    turn's writes land (it was ignored: a takeover could not stop an agent writing over MCP)."""
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from .mcpclient import Client, refusal
+
+    db = reach.db
+    url = reach.serve().url + "/mcp"
+    token = reach.token("alice")
+    p = agentstate.Principal("alice")
+    s = db.sessions.create(p)
+    lapsed = db.sessions.start_turn(s.id, p, lease=0.05)
+    time.sleep(0.1)
+    live = db.sessions.start_turn(s.id, p, lease=600)
+
+    async def with_fence(turn_id):
+        headers = {"Authorization": f"Bearer {token}", "X-Agentstate-Fence": turn_id}
+        async with create_mcp_http_client(headers=headers) as hc:
+            async with Client(streamable_http_client(url, http_client=hc)) as c:
+                before = digest(db)
+                if turn_id == lapsed.id:
+                    for name, args in (("state_put", {"scope": f"session:{s.id}", "key": "k",
+                                                      "value": 1}),
+                                       ("state_append", {"scope": "user:u", "key": "l",
+                                                         "items": [1]})):
+                        err = await refusal(c, name, **args)
+                        assert err["code"] == "lease_lost", err
+                    assert digest(db) == before
+                else:
+                    await call(c, "state_put", scope=f"session:{s.id}", key="k", value=2)
+
+    run(with_fence(lapsed.id))
+    run(with_fence(live.id))
+    assert db.sessions.state(s.id, p).get("k") == 2

@@ -26,7 +26,7 @@ from agentstate._grants import RUNS
 from agentstate.errors import InvalidKey, Unauthorized
 from agentstate.server import _access
 from agentstate.server._access import Rules, SessionRule
-from agentstate.server._api import API, Notifier, Waits
+from agentstate.server._api import API, Notifier, Waits, fenced_db
 
 
 @dataclass
@@ -145,5 +145,6 @@ class HttpHost(Host):
             raise Unauthorized("no request to authenticate")
         p, rules = await self.api.caller(request)
         api = self.api
-        me = Caller(api.db, p, rules, api.rule, api.notifier, api.waits)
+        # X-Agentstate-Fence fences every write of the request's tool calls, as the API's
+        me = Caller(fenced_db(api.db, request, p), p, rules, api.rule, api.notifier, api.waits)
         return replace(me, recheck=lambda: self.caller(ctx))

@@ -250,16 +250,8 @@ class Call:
 
     @property
     def db(self) -> agentstate.Database:
-        """The store, as this request may write it: every write fenced by the turn named
-        in ``X-Agentstate-Fence`` (SPEC §14), if the request names one. It must be a turn of
-        the caller's own sessions (any, for an admin): another principal's turn is as an
-        unknown one, so the header tells nobody whether someone else's turn runs."""
-        fence = self.request.headers.get(FENCE_HEADER)
-        if fence is None:
-            return self.api.db
-        return agentstate.Database(self.api.db._ops.fenced(
-            check_key(fence, "the X-Agentstate-Fence header (a turn id)"),
-            None if self.p.admin else self.p.name))
+        """The store, as this request may write it (``fenced_db``)."""
+        return fenced_db(self.api.db, self.request, self.p)
 
     def q(self, name: str, default: str | None = None) -> str | None:
         return self.request.query_params.get(name, default)
@@ -308,6 +300,21 @@ class Call:
         """A JSON answer that may be big (values, entries, lists): encoded in a worker thread."""
         body = await h.blocking(h.dumps, data)
         return Response(body, status, media_type="application/json")
+
+
+def fenced_db(db: agentstate.Database, request: Request,
+              p: agentstate.Principal) -> agentstate.Database:
+    """``db`` as a request may write it: every write fenced by the turn named in
+    ``X-Agentstate-Fence`` (SPEC §14, §16), if the request names one (the API's routes
+    and /mcp alike). It must be a turn of the caller's own sessions (any, for an admin):
+    another principal's turn is as an unknown one, so the header tells nobody whether
+    someone else's turn runs."""
+    fence = request.headers.get(FENCE_HEADER)
+    if fence is None:
+        return db
+    return agentstate.Database(db._ops.fenced(
+        check_key(fence, "the X-Agentstate-Fence header (a turn id)"),
+        None if p.admin else p.name))
 
 
 # -- shapes of the answers ---------------------------------------------------------------
