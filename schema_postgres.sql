@@ -11,12 +11,12 @@
 -- Conventions: values are `json` (the text exactly as given: never jsonb,
 -- which reorders keys and turns 1e16 into an integer); bytes are bytea; times
 -- are timestamptz from the server's clock; keys and ids sort bytewise
--- (COLLATE "C"), as on SQLite. Every write is one call of a function below,
--- so a write is one round trip and one statement; the functions lock rows
--- (SELECT ... FOR UPDATE, ON CONFLICT) and keys without a row (kv_key_lock),
--- not tables (but for a transaction of hundreds of key locks: kv_key_lock),
--- and no row or lock is shared by all writers: writers of different keys,
--- runs and sessions commit side by side. (The change feed's order is settled by its readers: see
+-- (COLLATE "C"), as on SQLite. Every write is one statement: the common
+-- writes of keys are single data-modifying statements that the client
+-- prepares (agentstate/backends/postgres/lean.py), the rest one call of a
+-- function below; they lock rows (SELECT ... FOR UPDATE, ON CONFLICT), never
+-- tables, and no row or lock is shared by all writers: writers of different
+-- keys, runs and sessions commit side by side. (The change feed's order is settled by its readers: see
 -- feed_sequence. What writers do share is held for a moment, never through
 -- a COMMIT: a sequence's next value, and the NOTIFY sent after the COMMIT.)
 --
@@ -30,28 +30,41 @@ CREATE TABLE agentstate_version (
 );
 CREATE UNIQUE INDEX agentstate_version_one ON agentstate_version ((true));
 
--- Keys of scoped state: one row per live (kind, scope_id, key).
+-- Keys of scoped state: one row per (kind, scope_id, key) ever written or read
+-- absent inside a transaction. A deleted key (or an expired one, once purged)
+-- keeps its row as a tombstone: expires_at '-infinity' (so absent to every
+-- reader's test of a live row), no value, and the version its next write
+-- continues from (the last one + 1, as the delete consumed one): so a write
+-- that creates a key is one statement (INSERT ... ON CONFLICT DO UPDATE, which
+-- goes on from the latest committed row, whoever deleted or created it
+-- meanwhile), and a stale if_version never matches a re-created key. A read
+-- inside a transaction that finds no row inserts one (a tombstone of version
+-- 0) and locks it (kv_read_lock): a writer that would create the key waits on
+-- that row. A tombstone of a list keeps its list_id (its items are gone).
+--
+-- No CHECK constraints: what they would hold (SPEC §2's kinds, types,
+-- versions and sizes) is validated by the client before it sends a write,
+-- and PostgreSQL would rebuild a CHECK's expression for every statement that
+-- writes the table (about as much server time as the write itself); db.check()
+-- verifies the rows instead (admin.py).
 CREATE TABLE kv (
-    kind       text COLLATE "C" NOT NULL CHECK (kind IN ('thread', 'session', 'agent', 'user', 'app')),
+    kind       text COLLATE "C" NOT NULL,  -- thread, session, agent, user, app
     scope_id   text COLLATE "C" NOT NULL,
     key        text COLLATE "C" NOT NULL,
-    version    bigint  NOT NULL CHECK (version >= 1),  -- +1 on every write of the key
-    type       text    NOT NULL CHECK (type IN ('json', 'bytes', 'list')),
+    version    bigint  NOT NULL,  -- >= 1, +1 on every write of the key (a tombstone: see above)
+    type       text    NOT NULL,  -- json, bytes, list
     value      json,     -- json: the value's JSON text
     data       bytea,    -- bytes: the bytes
     list_id    bigint,   -- list: the list_id of its items (list_item)
     length     bigint,   -- list: number of items
-    size       integer NOT NULL CHECK (size >= 0),  -- bytes of the compact JSON (a list: of the whole list)
+    size       integer NOT NULL,  -- bytes of the compact JSON (a list: of the whole list)
     updated_at timestamptz NOT NULL,
     expires_at timestamptz,  -- from then on the key is absent to every reader; NULL: never
-    PRIMARY KEY (kind, scope_id, key),
-    CHECK ((type = 'list') = (list_id IS NOT NULL)),
-    CHECK ((type = 'list') = (length IS NOT NULL)),
-    CHECK ((type = 'json') = (value IS NOT NULL)),
-    CHECK ((type = 'bytes') = (data IS NOT NULL))
+    PRIMARY KEY (kind, scope_id, key)
 );
 CREATE UNIQUE INDEX kv_list ON kv (list_id) WHERE list_id IS NOT NULL;
-CREATE INDEX kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
+-- The keys with an expiry, soonest first (tombstones left out): the purge's probe.
+CREATE INDEX kv_expiry ON kv (expires_at) WHERE expires_at > '-infinity';
 
 -- Items of list values, one row per item, idx 0..length-1: an append writes
 -- only the new items, a slice reads only what it returns.
@@ -62,16 +75,6 @@ CREATE TABLE list_item (
     PRIMARY KEY (list_id, idx)
 );
 CREATE SEQUENCE list_seq;  -- a new list takes the next list_id
-
--- The last version of each deleted (or expired) key: a re-created key
--- continues above it, so a stale if_version never matches a re-created key.
-CREATE TABLE kv_deleted (
-    kind     text COLLATE "C" NOT NULL,
-    scope_id text COLLATE "C" NOT NULL,
-    key      text COLLATE "C" NOT NULL,
-    version  bigint NOT NULL,
-    PRIMARY KEY (kind, scope_id, key)
-);
 
 -- Agent runs: one row per run, holding the replaceable snapshot. A run write
 -- locks this row, so two writers of one run take turns.
@@ -212,18 +215,20 @@ INSERT INTO feed_head (last) VALUES (0);
 -- Committed changes not numbered yet (and, until their commit, a writer's own).
 -- ticket: nextval('change_ticket'), taken by the statement that adds a
 -- transaction's changes, after everything the transaction read or waited
--- for; ord: their order within it. feed_sequence numbers them in (ticket,
--- ord) order: if a transaction B saw the commit of A (it waited for A's row
--- lock, or read what A wrote), A took its ticket before its commit and B
--- after it, so A's changes come first; a transaction's changes get
--- consecutive seqs. xid: the writer's transaction. Readers look here before
--- every read (index scan from feed_head.fence), so what they scan is what
--- came since the last numbering, not the dead rows of earlier ones (which
--- only VACUUM removes).
+-- for (a transaction() block's changes get theirs at its end: feed_close;
+-- until then it is NULL, and ord is a nextval of the same sequence, in the
+-- order they were made); ord: their order within it. feed_sequence numbers
+-- them in (ticket, ord) order: if a transaction B saw the commit of A (it
+-- waited for A's row lock, or read what A wrote), A took its ticket before
+-- its commit and B after it, so A's changes come first; a transaction's
+-- changes get consecutive seqs. xid: the writer's transaction. Readers look
+-- here before every read (index scan from feed_head.fence), so what they
+-- scan is what came since the last numbering, not the dead rows of earlier
+-- ones (which only VACUUM removes).
 CREATE TABLE change_new (
     xid      xid8    NOT NULL,
-    ticket   bigint  NOT NULL,
-    ord      integer NOT NULL,
+    ticket   bigint,
+    ord      bigint  NOT NULL,
     at       timestamptz NOT NULL,
     topic    text NOT NULL,
     op       text NOT NULL,
@@ -237,21 +242,14 @@ CREATE TABLE change_new (
 CREATE INDEX change_new_xid ON change_new (xid);
 CREATE SEQUENCE change_ticket;
 
--- Changes of a transaction() block, held until it commits (unlogged: they
--- never outlive their transaction). Only the block's own rows are visible to
--- it, and it moves them into change_new right before COMMIT, with one ticket
--- taken then (not at its first write: see change_new).
-CREATE UNLOGGED TABLE change_pending (
-    id       bigserial PRIMARY KEY,
-    topic    text NOT NULL,
-    op       text NOT NULL,
-    kind     text,
-    scope_id text,
-    key      text,
-    version  bigint,
-    start    bigint,
-    count    bigint
-);
+-- Whether anyone watches the feed: the time (unix seconds, the server's clock)
+-- until which a watcher has said it listens (feed_watch, renewed every few
+-- seconds while it does). A write sends its wake-up (a NOTIFY, after its
+-- COMMIT) only before that time. A sequence, read with pg_sequence_last_value:
+-- unlike a table's row it is read as it is now, not as of the reader's
+-- snapshot, so a write that reads it after taking its transaction id sees any
+-- watcher that registered before that read (see waiter.py for the others).
+CREATE SEQUENCE watch_lease;
 
 -- The store's own id (one row, made with the store): what tells two stores apart where
 -- both are seen at once — the pages' sign-in cookie is named by it (SPEC §16), so two
@@ -323,11 +321,14 @@ EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
     RETURN '\x' || encode(b, 'hex');
 END $$;
 
--- Add a transaction's changes to change_new under one new ticket (the last
--- step of a write, or of a transaction() block at COMMIT), and mark the
--- connection so that feed_notify(), sent right after the COMMIT, wakes the
--- watchers. No lock: concurrent writers do not wait for each other here.
-CREATE FUNCTION feed_append(ch change_row[], p_tidy boolean) RETURNS void LANGUAGE plpgsql AS $$
+-- What each write done by a function below calls with its changes (the
+-- prepared statements of lean.py write their change rows themselves, in the
+-- same shape): into change_new, under one ticket taken now (the write's last
+-- step), or, inside a transaction() block, with no ticket yet (feed_close
+-- gives the block's changes one at its end) and their order kept in ord. No
+-- lock: concurrent writers do not wait for each other here. Nothing when the
+-- feed is off (feed_retention 0).
+CREATE FUNCTION feed_add(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_ticket bigint;
 BEGIN
@@ -335,49 +336,27 @@ BEGIN
        OR EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0) THEN
         RETURN;
     END IF;
+    IF current_setting('agentstate.block', true) = 'on' THEN
+        INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
+        SELECT pg_current_xact_id(), NULL, nextval('change_ticket'), clock_timestamp(), u.topic, u.op, u.kind,
+               u.scope_id, u.key, u.version, u.start, u.count
+        FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, n)
+        ORDER BY u.n;
+        RETURN;
+    END IF;
     v_ticket := nextval('change_ticket');
     INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
-    SELECT pg_current_xact_id(), v_ticket, u.ord, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key, u.version,
-           u.start, u.count
-    FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord);
-    PERFORM set_config('agentstate.notify', CASE WHEN p_tidy THEN 'tidy' ELSE 'on' END, false);
+    SELECT pg_current_xact_id(), v_ticket, u.n, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key,
+           u.version, u.start, u.count
+    FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, n);
 END $$;
 
--- What each write calls with its changes: to change_new now, or (inside a
--- transaction() block) held in change_pending until feed_flush() at COMMIT.
--- Every 16th write of a connection also does the bounded purge (a few old feed
--- rows and expired keys: no write pays for a large one), inside the write's
--- statement; rows another transaction holds are skipped.
-CREATE FUNCTION feed_add(ch change_row[]) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_writes bigint := coalesce(nullif(current_setting('agentstate.writes', true), ''), '0')::bigint + 1;
+-- A transaction() block's last statement before its COMMIT: one ticket for all
+-- its changes, taken after everything it read or waited for.
+CREATE FUNCTION feed_close() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM set_config('agentstate.writes', (v_writes % 16)::text, false);
-    IF v_writes % 16 = 0 THEN
-        ch := ch || (SELECT o_changes FROM feed_purge_step(64));
-    END IF;
-    IF current_setting('agentstate.block', true) = 'on' THEN
-        INSERT INTO change_pending (topic, op, kind, scope_id, key, version, start, count)
-        SELECT u.topic, u.op, u.kind, u.scope_id, u.key, u.version, u.start, u.count
-        FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, ord)
-        ORDER BY u.ord;
-        IF v_writes % 16 = 0 THEN
-            PERFORM set_config('agentstate.tidy', 'on', true);
-        END IF;
-    ELSE
-        PERFORM feed_append(ch, v_writes % 16 = 0);
-    END IF;
-END $$;
-
--- A transaction() block's changes, right before its COMMIT.
-CREATE FUNCTION feed_flush() RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    ch change_row[];
-BEGIN
-    WITH moved AS (DELETE FROM change_pending RETURNING *)
-    SELECT array_agg(ROW(topic, op, kind, scope_id, key, version, start, count)::change_row ORDER BY id)
-    INTO ch FROM moved;
-    PERFORM feed_append(ch, current_setting('agentstate.tidy', true) = 'on');
+    UPDATE change_new SET ticket = (SELECT nextval('change_ticket'))
+    WHERE xid = pg_current_xact_id_if_assigned() AND ticket IS NULL;
 END $$;
 
 -- The sequencers' lock: one numbers a store's feed at a time. An advisory
@@ -422,10 +401,13 @@ END $$;
 -- Whether change_new may hold a committed change to number: an index scan
 -- from the fence (the first xid at or above it), so it reads only what came
 -- since the last numbering, not the dead rows VACUUM has yet to remove.
-CREATE FUNCTION feed_pending() RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT (SELECT xid FROM change_new WHERE xid >= (SELECT fence FROM feed_head) ORDER BY xid LIMIT 1)
-           IS NOT NULL
-$$;
+-- (PL/pgSQL: its plan is kept; a SQL function with a sub-select is planned
+-- again on every call.)
+CREATE FUNCTION feed_pending() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT xid FROM change_new WHERE xid >= (SELECT fence FROM feed_head) ORDER BY xid LIMIT 1)
+           IS NOT NULL;
+END $$;
 
 -- The numbering itself, by the holder of the sequencers' lock (statements of
 -- its own: they see every change committed before the lock was granted). The
@@ -452,102 +434,123 @@ BEGIN
     RETURN v_last + v_n;
 END $$;
 
--- Sent by the client right after a write's COMMIT, in a transaction of its
--- own, in the same round trip: wakes the watchers (LISTEN on feed_channel())
--- if the write added changes. Not inside the write: PostgreSQL holds a lock
--- of the whole database from a NOTIFY's commit until its flush is done, which
--- would make every writer's commit wait for the one before it. Here the
--- commit is not flushed (nothing to keep), so that lock is held for a moment.
--- On the 16th write of a connection it also numbers the changes if no reader
--- has for a second (so they are purged in time when nobody reads the feed),
--- unless another client is numbering them: never waits, never fails.
-CREATE FUNCTION feed_notify() RETURNS void LANGUAGE plpgsql AS $$
+-- Whether the feed has work for a writer to do after its COMMIT (the client
+-- asks every 16th write: see feed_after): expired keys to purge, rows past the
+-- retention, or changes nobody has numbered for a second (a feed nobody
+-- reads is numbered by its writers, so that it is purged in time). Index
+-- probes in index order, whatever the tables hold.
+CREATE VIEW feed_due AS
+SELECT coalesce((SELECT expires_at FROM kv WHERE expires_at > '-infinity' ORDER BY expires_at LIMIT 1)
+                <= clock_timestamp(), false)
+    OR coalesce((SELECT at FROM change ORDER BY seq LIMIT 1)
+                < clock_timestamp() - coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800)
+                                      * interval '1 second', false)
+    OR coalesce((SELECT at FROM feed_head) < clock_timestamp() - interval '1 second'
+                AND (SELECT xid FROM change_new WHERE xid >= (SELECT fence FROM feed_head) ORDER BY xid LIMIT 1)
+                    IS NOT NULL, false) AS due;
+
+-- Whether someone watches the feed now (see watch_lease).
+CREATE VIEW feed_watched AS
+SELECT coalesce(pg_sequence_last_value('watch_lease') >= extract(epoch FROM clock_timestamp()), false)
+       AS watched;
+
+-- What a write's client sends after its COMMIT, in a transaction of its own,
+-- when the write told it that someone watches (p_notify) or that the feed has
+-- work due (p_tidy): the wake-up, and the bounded purge (a few old feed rows
+-- and expired keys: no write pays for a large one; rows another transaction
+-- holds are skipped), after numbering the changes if no reader has for a
+-- second (unless another client is numbering them: never waits, never fails).
+-- Not inside the write: PostgreSQL holds a lock of the whole database from a
+-- NOTIFY's commit until its flush is done, which would make every writer's
+-- commit wait for the one before it. Here the commit is not flushed (nothing
+-- to keep: a purge lost to a crash is done again), so that lock is held for
+-- a moment; a numbering's commit is flushed, as feed_sequence's.
+CREATE FUNCTION feed_after(p_notify boolean, p_tidy boolean) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    v_mark     text := current_setting('agentstate.notify', true);
     v_numbered boolean := false;
+    v_purged   change_row[];
 BEGIN
-    IF v_mark IS NULL OR v_mark = '' THEN
-        RETURN;
+    IF p_tidy THEN
+        IF feed_pending() AND EXISTS (SELECT 1 FROM feed_head WHERE at < clock_timestamp() - interval '1 second') THEN
+            BEGIN
+                IF pg_try_advisory_xact_lock(feed_lock_key()) THEN
+                    PERFORM feed_number();
+                    v_numbered := true;
+                END IF;
+            EXCEPTION WHEN OTHERS THEN
+                NULL;  -- the write has committed: its numbering is left to the next reader
+            END;
+        END IF;
+        SELECT o_changes INTO v_purged FROM feed_purge_step(64);
+        PERFORM feed_add(v_purged);  -- numbered by the next reader, as a write's
     END IF;
-    PERFORM set_config('agentstate.notify', '', false);
-    IF v_mark = 'tidy' AND feed_pending()
-       AND EXISTS (SELECT 1 FROM feed_head WHERE at < clock_timestamp() - interval '1 second') THEN
-        BEGIN
-            IF pg_try_advisory_xact_lock(feed_lock_key()) THEN
-                PERFORM feed_number();
-                v_numbered := true;
-            END IF;
-        EXCEPTION WHEN OTHERS THEN
-            NULL;  -- the write has committed: its numbering is left to the next reader
-        END;
-    END IF;
-    -- Numbered: a durable commit, as feed_sequence's. Else nothing to keep.
     PERFORM set_config('synchronous_commit', CASE WHEN v_numbered THEN 'on' ELSE 'off' END, true);
-    PERFORM pg_notify(feed_channel(), '');
+    IF p_notify THEN
+        PERFORM pg_notify(feed_channel(), '');
+    END IF;
 END $$;
 
--- Delete a key's row (and a list's items), remembering its version; its change.
+-- Sent by the client right after the COMMIT of a write done by the functions
+-- above (a transaction() block, a run's write, ...), in a transaction of its
+-- own, in the same round trip: the wake-up if someone watches, and (p_tidy:
+-- every 16th write of a client) the purge if it is due. Read after the COMMIT,
+-- so a watcher that registered before it is woken.
+CREATE FUNCTION feed_notify(p_tidy boolean) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_watched boolean := (SELECT watched FROM feed_watched);
+    v_due     boolean := p_tidy AND (SELECT due FROM feed_due);
+BEGIN
+    IF v_watched OR v_due THEN
+        PERFORM feed_after(v_watched, v_due);
+    END IF;
+END $$;
+
+-- A watcher says it listens for p_seconds more (its client renews it every
+-- few seconds while it does). Not flushed: a lease lost to a crash only costs
+-- a wake-up that the watcher's look-again makes up for. With the rights of
+-- the store's owner (and its search_path), so that a client that may only
+-- read the store is woken too.
+CREATE FUNCTION feed_watch(p_seconds integer) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    v_until bigint := extract(epoch FROM clock_timestamp())::bigint + p_seconds;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('agentstate:watch:' || current_schema(), 0));
+    IF coalesce(pg_sequence_last_value('watch_lease'), 0) < v_until THEN
+        PERFORM setval('watch_lease', v_until);
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+END $$;
+
+-- Make a key's row a tombstone (see kv), deleting a list's items; its change.
 CREATE FUNCTION kv_remove(r kv, p_op text) RETURNS change_row LANGUAGE plpgsql AS $$
 BEGIN
-    IF r.list_id IS NOT NULL THEN
+    IF r.type = 'list' THEN
         DELETE FROM list_item WHERE list_id = r.list_id;
     END IF;
-    DELETE FROM kv WHERE kind = r.kind AND scope_id = r.scope_id AND key = r.key;
-    INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (r.kind, r.scope_id, r.key, r.version + 1)
-    ON CONFLICT (kind, scope_id, key) DO UPDATE SET version = excluded.version;
+    UPDATE kv SET version = r.version + 1, expires_at = '-infinity', value = NULL, data = NULL, length = NULL,
+                  size = 0, updated_at = clock_timestamp()
+    WHERE kind = r.kind AND scope_id = r.scope_id AND key = r.key;
     RETURN ROW('kv', p_op, r.kind, r.scope_id, r.key, r.version, NULL, NULL)::change_row;
-END $$;
-
--- The version a created key gets: above any it had before a delete or expiry.
--- Read in a statement that starts after every lock its writer waited for (a
--- statement's snapshot is taken at its start), so a delete it waited for is seen.
-CREATE FUNCTION kv_next_version(p_kind text, p_sid text, p_key text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT 1 + coalesce((SELECT version FROM kv_deleted
-                         WHERE kind = p_kind AND scope_id = p_sid AND key = p_key), 0)
-$$;
-
--- The lock of a key that has no row: held until the end of the transaction by
--- a write that creates the key, and by a read inside a write transaction that
--- finds it absent (kv_read_lock), so that such a read stays true until that
--- transaction ends (a row lock cannot: there is no row to lock). An advisory
--- lock on a hash of the key (a collision only makes two keys wait for each
--- other). Advisory locks fill the server's lock table, shared by every
--- database on it (64 per connection by default), so a transaction that has
--- taken 256 takes the whole kv table instead (SHARE ROW EXCLUSIVE: no other
--- transaction writes a key, or reads one as absent, until it ends); every
--- taker of a key lock holds ROW EXCLUSIVE on kv first, so it waits for that.
-CREATE FUNCTION kv_key_lock(p_kind text, p_sid text, p_key text) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_held integer := coalesce(nullif(current_setting('agentstate.key_locks', true), ''), '0')::integer;
-BEGIN
-    IF v_held < 0 THEN  -- this transaction holds the whole table
-        RETURN;
-    END IF;
-    IF v_held >= 256 THEN
-        LOCK TABLE kv IN SHARE ROW EXCLUSIVE MODE;
-        PERFORM set_config('agentstate.key_locks', '-1', true);
-        RETURN;
-    END IF;
-    LOCK TABLE kv IN ROW EXCLUSIVE MODE;
-    PERFORM pg_advisory_xact_lock(  -- the schema too: stores in one database wait not for each other
-        hashtextextended(current_schema() || '/' || p_kind || '/' || p_sid || '/' || p_key, 26));
-    PERFORM set_config('agentstate.key_locks', (v_held + 1)::text, true);
 END $$;
 
 -- What a read inside a write transaction takes before it reads (the read
 -- itself is the next statement, with a snapshot taken after this one's
--- waits): the key's row lock, or, for a key with no live row, its key lock.
+-- waits): the lock of the key's row, whatever it holds, or of a tombstone of
+-- version 0 inserted for a key that has no row; every write of a key locks
+-- its row first, a creation included (ON CONFLICT), so what the read finds (a
+-- value, or nothing) stays true until the transaction ends. (ON CONFLICT DO
+-- UPDATE locks the row it meets even when its WHERE then updates nothing.)
 CREATE FUNCTION kv_read_lock(p_kind text, p_sid text, p_key text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key
-                        AND (expires_at IS NULL OR expires_at > clock_timestamp()) FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM kv_key_lock(p_kind, p_sid, p_key);
-    END IF;
+    INSERT INTO kv AS t (kind, scope_id, key, version, type, size, updated_at, expires_at)
+    VALUES (p_kind, p_sid, p_key, 0, 'json', 0, clock_timestamp(), '-infinity')
+    ON CONFLICT (kind, scope_id, key) DO UPDATE SET version = t.version WHERE false;
 END $$;
 
--- Write a value (p_items: a list's item texts); the new version.
+-- Write a value (p_items: a list's item texts); the new version. The writes
+-- that lean.py's statements cannot do (a list value, an expired row, a
+-- refusal with its precise error), and every put inside a transaction() block.
 -- p_ttl: seconds from the write, or NULL (never); p_keep: keep the key's expiry.
 -- Times are the write's own (clock_timestamp() once the row is locked), not
 -- its transaction's start: a write late in a long transaction() block
@@ -561,7 +564,8 @@ DECLARE
     v_version bigint;
     v_list    bigint;
     v_length  bigint;
-    v_locked  boolean := false;
+    v_found   boolean;
+    v_live    boolean;
     r         kv;
     ch        change_row[] := '{}';
 BEGIN
@@ -581,45 +585,39 @@ BEGIN
             RETURN v_version;
         END IF;
     END IF;
-    LOOP  -- again after taking the key lock, or when another writer created the key meanwhile
+    LOOP  -- again when another writer created the key meanwhile
         SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
+        v_found := FOUND;
         v_now := clock_timestamp();
-        IF r.expires_at <= v_now THEN
+        v_live := v_found AND (r.expires_at IS NULL OR r.expires_at > v_now);
+        IF v_found AND NOT v_live AND r.expires_at > '-infinity' THEN  -- expired: a tombstone first
             ch := ch || kv_remove(r, 'expire');
-            r := NULL;
+            r.version := r.version + 1;
         END IF;
-        IF r.version IS NULL AND NOT v_locked THEN
-            -- Absent: wait for whoever holds the key lock (a creator, or a reader
-            -- that found it absent), then look again in a new snapshot, which
-            -- sees the delete or creation it waited for.
-            PERFORM kv_key_lock(p_kind, p_sid, p_key);
-            v_locked := true;
-            CONTINUE;
-        END IF;
-        IF p_if_version IS NOT NULL AND p_if_version <> coalesce(r.version, 0) THEN
+        IF p_if_version IS NOT NULL AND p_if_version <> (CASE WHEN v_live THEN r.version ELSE 0 END) THEN
             PERFORM agentstate_error('VersionConflict',
                 format('put %s:%s %s: expected version %s, the current version is %s',
-                       p_kind, p_sid, p_key, p_if_version, coalesce(r.version, 0)),
-                coalesce(r.version, 0)::text);
+                       p_kind, p_sid, p_key, p_if_version, CASE WHEN v_live THEN r.version ELSE 0 END),
+                (CASE WHEN v_live THEN r.version ELSE 0 END)::text);
         END IF;
-        v_expires := CASE WHEN p_keep THEN r.expires_at ELSE v_now + p_ttl * interval '1 second' END;
-        IF r.list_id IS NOT NULL THEN
+        v_expires := CASE WHEN NOT p_keep THEN v_now + p_ttl * interval '1 second'
+                          WHEN v_live THEN r.expires_at END;
+        IF v_live AND r.type = 'list' THEN
             DELETE FROM list_item WHERE list_id = r.list_id;
         END IF;
         v_list := NULL;
         v_length := NULL;
         IF p_items IS NOT NULL THEN
             v_length := cardinality(p_items);
-            v_list := coalesce(r.list_id, nextval('list_seq'));
+            v_list := coalesce(r.list_id, nextval('list_seq'));  -- a list's, or a deleted list's: no items
         END IF;
-        IF r.version IS NULL THEN
+        IF NOT v_found THEN
             INSERT INTO kv (kind, scope_id, key, version, type, value, data, list_id, length, size,
                             updated_at, expires_at)
-            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), p_type, p_value, p_data,
-                    v_list, v_length, p_size, v_now, v_expires)
+            VALUES (p_kind, p_sid, p_key, 1, p_type, p_value, p_data, v_list, v_length, p_size, v_now, v_expires)
             ON CONFLICT (kind, scope_id, key) DO NOTHING
             RETURNING version INTO v_version;
-            CONTINUE WHEN v_version IS NULL;
+            CONTINUE WHEN v_version IS NULL;  -- another writer's row: lock it, and look again
         ELSE
             v_version := r.version + 1;
             UPDATE kv SET version = v_version, type = p_type, value = p_value, data = p_data,
@@ -638,29 +636,32 @@ BEGIN
     END LOOP;
 END $$;
 
--- Remove a key (and a list's items), remembering its version; whether it existed.
+-- Remove a key (a tombstone; a list's items deleted); whether it existed.
 CREATE FUNCTION kv_delete(p_kind text, p_sid text, p_key text, p_if_version bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
-    r  kv;
-    ch change_row[] := '{}';
+    r       kv;
+    v_found boolean;
+    v_live  boolean;
+    ch      change_row[] := '{}';
 BEGIN
     SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
-    IF r.expires_at <= clock_timestamp() THEN
+    v_found := FOUND;
+    v_live := v_found AND (r.expires_at IS NULL OR r.expires_at > clock_timestamp());
+    IF v_found AND NOT v_live AND r.expires_at > '-infinity' THEN
         ch := ch || kv_remove(r, 'expire');
-        r := NULL;
     END IF;
-    IF p_if_version IS NOT NULL AND p_if_version <> coalesce(r.version, 0) THEN
+    IF p_if_version IS NOT NULL AND p_if_version <> (CASE WHEN v_live THEN r.version ELSE 0 END) THEN
         PERFORM agentstate_error('VersionConflict',
             format('delete %s:%s %s: expected version %s, the current version is %s',
-                   p_kind, p_sid, p_key, p_if_version, coalesce(r.version, 0)),
-            coalesce(r.version, 0)::text);
+                   p_kind, p_sid, p_key, p_if_version, CASE WHEN v_live THEN r.version ELSE 0 END),
+            (CASE WHEN v_live THEN r.version ELSE 0 END)::text);
     END IF;
-    IF r.version IS NOT NULL THEN
+    IF v_live THEN
         ch := ch || kv_remove(r, 'delete');
     END IF;
     PERFORM feed_add(ch);
-    RETURN r.version IS NOT NULL;
+    RETURN v_live;
 END $$;
 
 -- Set a live key's expiry p_ttl seconds from now (NULL: never), value and
@@ -691,27 +692,25 @@ DECLARE
     v_n       bigint := cardinality(p_items);
     v_now     timestamptz;
     v_expires timestamptz;
-    v_locked  boolean := false;
+    v_found   boolean;
+    v_live    boolean;
     v_length  bigint;
     v_size    bigint;
     v_list    bigint;
     r         kv;
     ch        change_row[] := '{}';
 BEGIN
-    LOOP  -- again after taking the key lock, or when another writer created the key meanwhile
+    LOOP  -- again when another writer created the key meanwhile
         SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
+        v_found := FOUND;
         v_now := clock_timestamp();  -- the write's own time (as kv_put's)
         v_expires := v_now + p_ttl * interval '1 second';  -- NULL when p_ttl is NULL
-        IF r.expires_at <= v_now THEN
+        v_live := v_found AND (r.expires_at IS NULL OR r.expires_at > v_now);
+        IF v_found AND NOT v_live AND r.expires_at > '-infinity' THEN
             ch := ch || kv_remove(r, 'expire');
-            r := NULL;
+            r.version := r.version + 1;
         END IF;
-        IF r.version IS NULL AND NOT v_locked THEN  -- absent: as in kv_put
-            PERFORM kv_key_lock(p_kind, p_sid, p_key);
-            v_locked := true;
-            CONTINUE;
-        END IF;
-        IF r.version IS NULL THEN
+        IF NOT v_live THEN
             v_length := 0;
             v_size := 2;
         ELSE
@@ -740,14 +739,19 @@ BEGIN
             PERFORM agentstate_error('TooLarge',
                 format('the list would be %s bytes, over the limit of 1048576', v_size), v_size::text);
         END IF;
-        IF r.version IS NULL THEN
+        IF NOT v_found THEN
             v_list := nextval('list_seq');
             INSERT INTO kv (kind, scope_id, key, version, type, list_id, length, size, updated_at, expires_at)
-            VALUES (p_kind, p_sid, p_key, kv_next_version(p_kind, p_sid, p_key), 'list', v_list, v_n, v_size,
-                    v_now, v_expires)
+            VALUES (p_kind, p_sid, p_key, 1, 'list', v_list, v_n, v_size, v_now, v_expires)
             ON CONFLICT (kind, scope_id, key) DO NOTHING
             RETURNING version INTO o_version;
-            CONTINUE WHEN o_version IS NULL;
+            CONTINUE WHEN o_version IS NULL;  -- another writer's row: lock it, and look again
+        ELSIF NOT v_live THEN  -- a tombstone: the list starts again above its version
+            v_list := coalesce(r.list_id, nextval('list_seq'));
+            o_version := r.version + 1;
+            UPDATE kv SET version = o_version, type = 'list', value = NULL, data = NULL, list_id = v_list,
+                          length = v_n, size = v_size, updated_at = v_now, expires_at = v_expires
+            WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
         ELSE
             v_list := r.list_id;
             o_version := r.version + 1;
@@ -778,8 +782,10 @@ DECLARE
 BEGIN
     o_items := '{}';
     SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key FOR UPDATE;
-    IF r.expires_at <= clock_timestamp() THEN
-        ch := ch || kv_remove(r, 'expire');
+    IF r.expires_at <= clock_timestamp() THEN  -- a tombstone, or expired (made one now)
+        IF r.expires_at > '-infinity' THEN
+            ch := ch || kv_remove(r, 'expire');
+        END IF;
         r := NULL;
     END IF;
     IF r.version IS NULL THEN
@@ -808,13 +814,14 @@ BEGIN
     PERFORM feed_add(ch);
 END $$;
 
--- Delete every key of a scope (and list items), remembering versions: their changes.
+-- Delete every key of a scope (tombstones, list items deleted): their changes.
 CREATE FUNCTION kv_drop_scope(p_kind text, p_sid text) RETURNS change_row[] LANGUAGE plpgsql AS $$
 DECLARE
     r  kv;
     ch change_row[] := '{}';
 BEGIN
-    FOR r IN SELECT * FROM kv WHERE kind = p_kind AND scope_id = p_sid ORDER BY key FOR UPDATE LOOP
+    FOR r IN SELECT * FROM kv WHERE kind = p_kind AND scope_id = p_sid AND expires_at IS DISTINCT FROM '-infinity'
+             ORDER BY key FOR UPDATE LOOP
         ch := ch || kv_remove(r, CASE WHEN r.expires_at <= clock_timestamp() THEN 'expire' ELSE 'delete' END);
     END LOOP;
     RETURN ch;
@@ -870,15 +877,15 @@ BEGIN
 END $$;
 
 -- Expire up to p_batch keys whose time has come, soonest first (skipping
--- keys another writer holds: it settles them itself); their changes.
+-- keys another writer holds: it settles them itself): tombstones; their changes.
 CREATE FUNCTION kv_purge_expired(p_batch bigint) RETURNS change_row[] LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();  -- a parameter of the query: kv_expiry bounds the scan
     r     kv;
     ch    change_row[] := '{}';
 BEGIN
-    FOR r IN SELECT * FROM kv WHERE expires_at <= v_now ORDER BY expires_at LIMIT p_batch
-             FOR UPDATE SKIP LOCKED LOOP
+    FOR r IN SELECT * FROM kv WHERE expires_at <= v_now AND expires_at > '-infinity' ORDER BY expires_at
+             LIMIT p_batch FOR UPDATE SKIP LOCKED LOOP
         ch := ch || kv_remove(r, 'expire');
     END LOOP;
     RETURN ch;
@@ -1209,4 +1216,4 @@ SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.t
        n.scope_id, n.key, n.version, n.start, n.count
 FROM change_new n CROSS JOIN feed_head h;
 
-INSERT INTO agentstate_version (version) VALUES (4);
+INSERT INTO agentstate_version (version) VALUES (5);

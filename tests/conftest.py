@@ -118,8 +118,8 @@ def on_postgres(db) -> bool:
     return served(db).path.startswith(("postgresql://", "postgres://"))
 
 
-PG_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "run_call", "session", "turn", "change",
-             "feed_head", "change_pending", "change_new", "setting", "token", "signin")
+PG_TABLES = ("kv", "list_item", "run", "run_entry", "run_call", "session", "turn", "change",
+             "feed_head", "change_new", "setting", "token", "signin")
 
 
 def digest(db) -> str:

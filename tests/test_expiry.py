@@ -124,8 +124,9 @@ def test_expired_rows_are_purged_as_writes_happen(db):
     time.sleep(0.05)
     for i in range(200):  # steady churn: the purge keeps up, a few rows per write
         kv.put(f"new{i}", i, ttl=0.01)
-    with RawSQL(db) as c:
-        rows = c.execute("SELECT count(*) FROM kv")[0][0]
+    with RawSQL(db) as c:  # the rows that hold a value: a purged key leaves its version behind
+        # (in kv_deleted on a file, as a tombstone row on PostgreSQL: expires_at '-infinity')
+        rows = c.execute("SELECT count(*) FROM kv WHERE expires_at IS NULL OR expires_at <> '-infinity'")[0][0]
     assert rows < 100, rows  # not 400: expired rows go as writes happen
     assert sum(1 for ch in db.changes(0, limit=10_000) if ch.op == "expire") >= 200
     assert db.check() == []

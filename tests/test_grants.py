@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -711,11 +712,14 @@ def test_a_version_2_postgresql_store_gains_grants_expiry_and_sign_ins(pg_url):
     and without an end."""
     import psycopg
 
-    from agentstate.backends.postgres import schema as pg_schema
+    from agentstate.backends.local import digest
+    from agentstate.backends.postgres.schema import SCHEMA_VERSION
 
-    with agentstate.open(pg_url) as db:
-        old = db.tokens.create("bob")
-    with psycopg.connect(pg_url, autocommit=True) as c:
+    old = "a-token-of-bob-made-by-version-4"
+    with psycopg.connect(pg_url, autocommit=True) as c:  # a version 4 store, made version 2
+        c.execute((Path(__file__).parent / "fixtures" / "schema_postgres_v4.sql").read_text())
+        c.execute("INSERT INTO token (hash, name, admin, created_at) VALUES (%s, 'bob', false, now())",
+                  (digest(old),))
         want = _shape(c)
         c.execute("DROP TABLE run_call; DROP TABLE store; "  # 0.4's (the 3->4 step makes them again)
                   "DROP TABLE signin; ALTER TABLE token DROP COLUMN grants, DROP COLUMN expires_at; "
@@ -723,7 +727,7 @@ def test_a_version_2_postgresql_store_gains_grants_expiry_and_sign_ins(pg_url):
                   "CREATE VIEW runs AS SELECT id FROM run; UPDATE agentstate_version SET version = 2")
         assert _shape(c) != want
     with agentstate.open(pg_url) as db:
-        assert db.info()["schema_version"] == pg_schema.SCHEMA_VERSION
+        assert db.info()["schema_version"] == SCHEMA_VERSION
         assert db.tokens.principal(old) == agentstate.Principal("bob")
         assert [(r["grants"], r["expires_at"]) for r in db.tokens.list()] == [(None, None)]
         assert db._ops.signin_create(old, 60) is not None

@@ -22,35 +22,49 @@ if TYPE_CHECKING:
     from .store import Store
 
 # Each invariant is one query returning (location, problem) rows; none means it holds.
+_NOT_TOMBSTONE = "expires_at IS DISTINCT FROM '-infinity'"
 INVARIANTS: list[tuple[str, str]] = [
-    ("list length and size match the items", """
+    ("keys are well formed", f"""
+        SELECT 'kv ' || kind || ':' || scope_id || ' ' || key, 'version ' || version || ', type ' || type
+               || ', size ' || size || CASE WHEN value IS NULL THEN '' ELSE ', a JSON value' END
+               || CASE WHEN data IS NULL THEN '' ELSE ', bytes' END
+               || CASE WHEN list_id IS NULL THEN '' ELSE ', a list' END
+               || CASE WHEN length IS NULL THEN '' ELSE ', a length' END
+        FROM kv
+        WHERE kind NOT IN ('thread', 'session', 'agent', 'user', 'app') OR size < 0
+           OR ({_NOT_TOMBSTONE} AND NOT (
+                  version >= 1
+                  AND (type = 'json' AND value IS NOT NULL AND data IS NULL AND list_id IS NULL
+                       AND length IS NULL
+                    OR type = 'bytes' AND data IS NOT NULL AND value IS NULL AND list_id IS NULL
+                       AND length IS NULL
+                    OR type = 'list' AND list_id IS NOT NULL AND length >= 0 AND value IS NULL
+                       AND data IS NULL)))
+           OR (NOT {_NOT_TOMBSTONE} AND (version < 0 OR value IS NOT NULL OR data IS NOT NULL))"""),
+    ("list length and size match the items", f"""
         SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
                'stored length ' || k.length || ' size ' || k.size || ', items give length '
                || count(i.idx) || ' size ' || (CASE WHEN count(i.idx) = 0 THEN 2
                   ELSE 1 + sum(octet_length(i.item::text) + 1) END)
                || ', indexes ' || coalesce(min(i.idx)::text, '-') || '..' || coalesce(max(i.idx)::text, '-')
         FROM kv k LEFT JOIN list_item i ON i.list_id = k.list_id
-        WHERE k.type = 'list'
+        WHERE k.type = 'list' AND k.{_NOT_TOMBSTONE}
         GROUP BY k.kind, k.scope_id, k.key
         HAVING count(i.idx) <> k.length
             OR (CASE WHEN count(i.idx) = 0 THEN 2 ELSE 1 + sum(octet_length(i.item::text) + 1) END) <> k.size
             OR coalesce(min(i.idx), 0) <> 0 OR coalesce(max(i.idx), -1) <> k.length - 1"""),
-    ("list items belong to a list", """
+    ("list items belong to a list", f"""
         SELECT 'list_item list_id ' || list_id, 'items of no list'
         FROM (SELECT DISTINCT list_id FROM list_item
-              EXCEPT SELECT list_id FROM kv WHERE list_id IS NOT NULL) orphans
+              EXCEPT SELECT list_id FROM kv WHERE type = 'list' AND {_NOT_TOMBSTONE}) orphans
         UNION ALL
         SELECT 'list_seq', 'last ' || (SELECT last_value FROM list_seq) || ' is below list_id ' || max(list_id)
         FROM kv WHERE list_id IS NOT NULL HAVING max(list_id) > (SELECT last_value FROM list_seq)"""),
-    ("values are of the recorded size", """
+    ("values are of the recorded size", f"""
         SELECT 'kv ' || kind || ':' || scope_id || ' ' || key,
                'size ' || size || ' but the value has ' || coalesce(octet_length(value::text), octet_length(data))
-        FROM kv WHERE type <> 'list' AND coalesce(octet_length(value::text), octet_length(data)) <> size"""),
-    ("versions never go back", """
-        SELECT 'kv ' || k.kind || ':' || k.scope_id || ' ' || k.key,
-               'version ' || k.version || ' is not above the deleted version ' || d.version
-        FROM kv k JOIN kv_deleted d USING (kind, scope_id, key)
-        WHERE k.version <= d.version"""),
+        FROM kv WHERE type <> 'list' AND {_NOT_TOMBSTONE}
+          AND coalesce(octet_length(value::text), octet_length(data)) <> size"""),
     ("run histories are seq first_seq..next_seq-1, no gap", """
         SELECT 'run ' || r.id,
                'seqs ' || r.first_seq || '..' || (r.next_seq - 1) || ' recorded but ' || count(e.seq)
@@ -77,8 +91,8 @@ INVARIANTS: list[tuple[str, str]] = [
         SELECT 'feed_head', 'last ' || (SELECT last FROM feed_head) || ' is below seq ' || max(seq)
         FROM change HAVING max(seq) > (SELECT last FROM feed_head)
         UNION ALL
-        SELECT 'change_pending', count(*) || ' changes of committed transactions never reached the feed'
-        FROM change_pending HAVING count(*) > 0
+        SELECT 'change_new', count(*) || ' changes of committed transactions have no ticket'
+        FROM change_new WHERE ticket IS NULL HAVING count(*) > 0
         UNION ALL
         SELECT 'change_new ticket ' || ticket, 'topic ' || topic || ' op ' || op || ' is no change'
         FROM change_new WHERE topic NOT IN ('kv', 'run', 'session') OR ord < 1
@@ -88,12 +102,10 @@ INVARIANTS: list[tuple[str, str]] = [
         FROM change_new WHERE xid < (SELECT fence FROM feed_head)"""),
     ("no kv change is newer than its key", """
         SELECT 'change seq ' || ch.seq, 'version ' || ch.version || ' of ' || ch.kind || ':'
-               || ch.scope_id || ' ' || ch.key || ' but the key has reached only '
-               || greatest(k.version, d.version, 0)
+               || ch.scope_id || ' ' || ch.key || ' but the key has reached only ' || coalesce(k.version, 0)
         FROM change ch
         LEFT JOIN kv k ON k.kind = ch.kind AND k.scope_id = ch.scope_id AND k.key = ch.key
-        LEFT JOIN kv_deleted d ON d.kind = ch.kind AND d.scope_id = ch.scope_id AND d.key = ch.key
-        WHERE ch.topic = 'kv' AND ch.version > greatest(k.version, d.version, 0)"""),
+        WHERE ch.topic = 'kv' AND ch.version > coalesce(k.version, 0)"""),
     ("run entries are JSON objects carrying their seq", """
         SELECT 'run ' || run_id || ' seq ' || seq, 'entry is not an object with this seq'
         FROM run_entry
@@ -146,8 +158,9 @@ def store_id(store: Store) -> str:
 def info(store: Store) -> dict[str, Any]:
     with store.snapshot() as c:
         row = c.execute(
-            """SELECT (SELECT count(*) FROM (SELECT DISTINCT kind, scope_id FROM kv) s),
-                      (SELECT count(*) FROM kv), (SELECT count(*) FROM list_item),
+            f"""SELECT (SELECT count(*) FROM (SELECT DISTINCT kind, scope_id FROM kv
+                                             WHERE {_NOT_TOMBSTONE}) s),
+                      (SELECT count(*) FROM kv WHERE {_NOT_TOMBSTONE}), (SELECT count(*) FROM list_item),
                       (SELECT count(*) FROM run), (SELECT count(*) FROM run_entry),
                       (SELECT count(*) FROM session), (SELECT count(*) FROM turn),
                       (SELECT count(*) FROM change) + (SELECT count(*) FROM change_new),

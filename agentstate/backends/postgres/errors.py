@@ -22,6 +22,11 @@ def lost_connection(e: BaseException) -> bool:
                                                          or e.sqlstate.startswith("08"))
 
 
+def is_fallback(e: psycopg.Error) -> bool:
+    """The error a lean statement raises when it leaves the write to a function (lean.py)."""
+    return e.diag is not None and e.diag.message_hint == "agentstate:Fallback"
+
+
 def translate(e: psycopg.Error, outcome_unknown: bool = False) -> AgentStateError:
     """The agentstate error for a psycopg error; ``outcome_unknown`` when a lost
     connection leaves a write's fate unknown (a COMMIT, or a lone statement)."""

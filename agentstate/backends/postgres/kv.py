@@ -1,8 +1,10 @@
 """Repository of scoped keys on PostgreSQL: the functions of ``_kv``, same arguments, same rows.
 
-Each write is one call of its server function (``kv_put``, ``kv_append``, ...
-in ``schema_postgres.sql``), which locks the key's row, checks, writes and
-records its change; each read is one statement. A row whose ``expires_at``
+A write of its own (outside ``transaction()``, not fenced) is first one prepared
+statement that does it all (``lean.py``); what that leaves undone, and every write
+inside a transaction, is one call of its server function (``kv_put``,
+``kv_append``, ... in ``schema_postgres.sql``), which locks the key's row,
+checks, writes and records its change; each read is one statement. A row whose ``expires_at``
 has passed is absent to every reader (the WHERE clause says so) and expired
 for good by the first writer that meets it, as on SQLite.
 
@@ -31,6 +33,7 @@ import operator
 from typing import Any
 
 from ..base import KEEP, checked
+from . import lean
 from .statements import TXN, Conn, inline
 
 Row = tuple[Any, ...]
@@ -106,18 +109,28 @@ def put(c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: in
 
     ``ttl``: seconds from now (the server's clock), None (never), or KEEP.
     """
+    if items is None and c.alone:
+        version = lean.put(c, kind, sid, key, type_, value, size, if_version, ttl)
+        if version is not None:
+            return version
     return c.execute(_PUT, _put_args(kind, sid, key, type_, value, size, items, if_version,
                                      ttl)).fetchone()[0]
 
 
 def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
-    """Remove a key (and a list's items), remembering its version; whether it existed."""
+    """Remove a key (a tombstone; a list's items deleted); whether it existed."""
+    if c.alone and lean.delete(c, kind, sid, key, if_version):
+        return True
     return c.execute(_DELETE, (kind, sid, key, if_version)).fetchone()[0]
 
 
 def append(c: Conn, kind: str, sid: str, key: str, items: list[str], items_size: int,
            ttl: Any = KEEP) -> tuple[int, int]:
     """Add items at the end of a list (created if absent); return (length, version)."""
+    if items and c.alone:
+        done = lean.append(c, kind, sid, key, items, items_size, ttl)
+        if done is not None:
+            return done
     return c.execute(_APPEND, _append_args(kind, sid, key, items, items_size, ttl)).fetchone()
 
 
@@ -181,9 +194,15 @@ _BATCHED: dict[str, tuple[str, Any, Any]] = {
 def write_many(c: Conn, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]
                ) -> list[Any]:
     """A batch's ops (op, kind, sid, key, args, kwargs: put, delete, append, check), in
-    order, as one transaction; each one's result. In one round trip (with the BEGIN
-    and the COMMIT when the batch is a write of its own): the functions run one after
-    another on the server, and the first refusal stops the rest and undoes them."""
+    order, as one transaction; each one's result. A batch of its own is one prepared
+    statement when it can be (``lean.batch``); else, and inside a transaction, in one
+    round trip (with the BEGIN and the COMMIT when the batch is a write of its own):
+    the functions run one after another on the server, and the first refusal stops the
+    rest and undoes them."""
+    if c.alone and lean.batchable(ops):
+        done = lean.batch(c, ops)
+        if done is not None:
+            return done
     calls = [(sql, make(kind, sid, key, *args, **kwargs), read)
              for (sql, make, read), (_op, kind, sid, key, args, kwargs)
              in ((_BATCHED[op[0]], op) for op in ops)]

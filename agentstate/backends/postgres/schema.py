@@ -19,9 +19,8 @@ from ...errors import Damaged, SchemaTooNew, StorageError
 from .errors import translate
 from .statements import first, quiet_rollback
 
-OUR_TABLES = ("kv", "list_item", "kv_deleted", "run", "run_entry", "run_call", "session", "turn",
-              "change", "feed_head", "change_new", "change_pending", "setting", "store", "token",
-              "signin")
+OUR_TABLES = ("kv", "list_item", "run", "run_entry", "run_call", "session", "turn", "change",
+              "feed_head", "change_new", "setting", "store", "token", "signin")
 
 
 def schema_text() -> str:
@@ -54,13 +53,22 @@ def schema_object(name: str) -> str:
     return m.group(0)
 
 
+def _functions(c: psycopg.Connection, names: tuple[str, ...]) -> None:
+    """The schema's functions of these names, made or replaced; a name the schema no
+    longer has is left for the later migration that drops it."""
+    for name in names:
+        try:
+            c.execute(schema_function(name))
+        except LookupError:
+            continue
+
+
 def _v1_to_v2(c: psycopg.Connection) -> None:
     """Issue 26: key locks (versions never reused, reads of absent keys in a transaction
     lock them), times of the write itself, a feed purged by prefix, fork(upto) overflow."""
-    for name in ("kv_next_version", "kv_key_lock", "kv_read_lock", "kv_put", "kv_delete", "kv_touch",
-                 "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired", "feed_purge_step",
-                 "feed_number", "feed_notify", "run_fork"):
-        c.execute(schema_function(name))
+    _functions(c, ("kv_next_version", "kv_key_lock", "kv_read_lock", "kv_put", "kv_delete", "kv_touch",
+                   "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired", "feed_purge_step",
+                   "feed_number", "feed_notify", "run_fork"))
 
 
 def _v2_to_v3(c: psycopg.Connection) -> None:
@@ -68,8 +76,7 @@ def _v2_to_v3(c: psycopg.Connection) -> None:
     grants and expiry and the pages' sign-ins (SPEC §15)."""
     c.execute(schema_object("run_entry_call"))
     c.execute("ALTER TABLE run ADD COLUMN pinned boolean NOT NULL DEFAULT false")
-    for name in ("run_prune", "kv_clear", "run_pin", "turn_fence"):
-        c.execute(schema_function(name))
+    _functions(c, ("run_prune", "kv_clear", "run_pin", "turn_fence"))
     c.execute("DROP VIEW runs")
     c.execute(schema_object("runs"))
     # SPEC §15: a token's grants and expiry; the pages' sign-ins, kept in the store
@@ -88,10 +95,41 @@ def _v3_to_v4(c: psycopg.Connection) -> None:
         c.execute(schema_function(name))
 
 
+def _v4_to_v5(c: psycopg.Connection) -> None:
+    """Issue 38: writes as single prepared statements. A deleted key's version lives in
+    its row (a tombstone) instead of kv_deleted, a read in a transaction locks a row
+    (a tombstone of version 0 for a key that has none) instead of an advisory lock, kv
+    has no CHECK constraints, a block's changes wait in change_new (no ticket yet)
+    instead of change_pending, and the wake-up and the purge are sent only when someone
+    watches (watch_lease) or something is due (feed_due)."""
+    for (name,) in c.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'kv'::regclass "
+                             "AND contype = 'c'").fetchall():
+        c.execute(psycopg.sql.SQL("ALTER TABLE kv DROP CONSTRAINT {}").format(psycopg.sql.Identifier(name)))
+    c.execute("INSERT INTO kv (kind, scope_id, key, version, type, size, updated_at, expires_at) "
+              "SELECT kind, scope_id, key, version, 'json', 0, clock_timestamp(), '-infinity' FROM kv_deleted "
+              "ON CONFLICT (kind, scope_id, key) DO NOTHING")  # a live row is above its deleted version
+    c.execute("DROP TABLE kv_deleted, change_pending")  # change_pending: empty outside a transaction
+    c.execute("DROP FUNCTION IF EXISTS kv_next_version(text, text, text), kv_key_lock(text, text, text), "
+              "feed_flush(), feed_append(change_row[], boolean), feed_notify()")
+    c.execute("DROP INDEX kv_expiry")
+    c.execute(schema_object("kv_expiry"))
+    c.execute("DROP VIEW changes")  # it reads ord
+    c.execute("ALTER TABLE change_new ALTER COLUMN ticket DROP NOT NULL, ALTER COLUMN ord TYPE bigint")
+    c.execute(schema_object("changes"))
+    c.execute("CREATE SEQUENCE watch_lease")
+    for name in ("feed_add", "feed_close", "feed_pending", "kv_remove", "kv_read_lock", "kv_put",
+                 "kv_delete", "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired"):
+        c.execute(schema_function(name))
+    for name in ("feed_due", "feed_watched"):
+        c.execute(schema_object(name))
+    for name in ("feed_after", "feed_notify", "feed_watch"):
+        c.execute(schema_function(name))
+
+
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
 # one transaction (under the advisory lock) that opens it.
 MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 
 def ensure_schema(c: psycopg.Connection, where: str) -> str:

@@ -1,7 +1,8 @@
 """One connection as the repositories see it (``Conn``), and a lone write in one round trip.
 
-Modes: AUTO (a write not yet begun: each statement its own transaction, sent as
-``BEGIN; stmt; COMMIT; SELECT feed_notify()`` with its parameters written in as
+Modes: AUTO (a write not yet begun: each statement its own transaction, either one
+prepared statement that does the whole write (``lean``, see lean.py) or sent as
+``BEGIN; stmt; COMMIT; SELECT feed_notify(...)`` with its parameters written in as
 literals), TXN (a write transaction), READ (a read, or a snapshot).
 """
 
@@ -14,19 +15,25 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
+from .errors import is_fallback
+
 RETRIES = 3  # a lone statement that lost a deadlock did nothing: it is run again
 _RETRY = (pgerr.DeadlockDetected, pgerr.SerializationFailure)
 
 AUTO, TXN, READ = "auto", "txn", "read"
 # What opens a write transaction; set_config(..., true) lasts until its end, and
-# tells feed_add() to hold the changes until feed_flush() at COMMIT.
+# tells feed_add() to leave the changes without a ticket until feed_close() at COMMIT.
 BEGIN_WRITE = ("BEGIN", "SELECT set_config('agentstate.block', 'on', true)")
+CLOSE = "SELECT feed_close()"  # a write transaction's last statement before its COMMIT
 BEGIN_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
 # Before a read of the feed: number the committed changes, and commit that,
 # before the read's snapshot is taken (sent in the same round trip).
 SEQUENCE = ("BEGIN ISOLATION LEVEL READ COMMITTED", "SELECT feed_sequence()", "COMMIT")
-# What follows a write's COMMIT, in the same round trip: the wake-up.
-AFTER_COMMIT = "SELECT feed_notify()"
+# What follows a write's COMMIT, in the same round trip: the wake-up if someone watches,
+# and (true: every 16th write of a store) the purge if it is due.
+AFTER_COMMIT = {True: "SELECT feed_notify(true)", False: "SELECT feed_notify(false)"}
+# What follows a lean write's COMMIT when it said someone watches, or the purge is due.
+AFTER_LEAN = "SELECT feed_after(%s, %s)"
 SAVEPOINT, RELEASE = "SAVEPOINT w", "RELEASE SAVEPOINT w"
 
 
@@ -38,7 +45,7 @@ _FLOATS = {float("inf"): "'Infinity'::float8", float("-inf"): "'-Infinity'::floa
 
 
 class AfterCommit(psycopg.Cursor):
-    """The cursor of ``...; COMMIT; SELECT feed_notify()``: the wake-up sent after a
+    """The cursor of ``...; COMMIT; SELECT feed_notify(...)``: the wake-up sent after a
     COMMIT may fail (a lock timeout waiting for the server's NOTIFY lock, a full
     notification queue) without making the committed write an error: its error is
     dropped and the results before it stand (watchers look again within RECHECK
@@ -134,9 +141,10 @@ class Conn:
     costs more client time than a round trip to a local server.)
     """
 
-    __slots__ = ("raw", "mode", "ran", "pending", "open", "flushes", "fence")
+    __slots__ = ("raw", "mode", "ran", "pending", "open", "flushes", "fence", "tidy")
 
-    def __init__(self, raw: psycopg.Connection, mode: str, pending: tuple[str, ...] = ()) -> None:
+    def __init__(self, raw: psycopg.Connection, mode: str, pending: tuple[str, ...] = (),
+                 tidy: bool = False) -> None:
         self.raw = raw
         self.mode = mode
         self.ran = False  # AUTO: a statement has run (and committed on its own)
@@ -144,6 +152,45 @@ class Conn:
         self.open = False  # a BEGIN has been sent
         self.flushes = 0
         self.fence: str | None = None  # AUTO: the turn's check to run first (fence_first)
+        self.tidy = tidy  # this write asks whether the feed has work due (Store.write)
+
+    @property
+    def alone(self) -> bool:
+        """Whether the next statement is a write of its own: no transaction, no fence
+        (lean.py's statements then do the whole write)."""
+        return self.mode is AUTO and not self.ran and self.fence is None and not self.pending
+
+    def lean(self, query: str, params: Any) -> Any:
+        """A write as one prepared statement in a transaction of its own (``alone``): its
+        row without the two flags at its end, or None when the statement did nothing (no
+        row, or it raised agentstate:Fallback, which undid it) and the write is left to
+        the server's functions. After its COMMIT, when it said someone watches or the
+        feed has work due, ``feed_after`` in a transaction of its own: its failure leaves
+        the committed write as it is (watchers look again within RECHECK seconds)."""
+        raw = self.raw
+        self.ran = True
+        for attempt in range(RETRIES):
+            try:
+                row = raw.execute(query, params, prepare=True).fetchone()
+                break
+            except _RETRY:
+                if attempt == RETRIES - 1:
+                    raise
+            except pgerr.RaiseException as e:
+                if not is_fallback(e):
+                    raise
+                row = None
+                break
+        if row is None:
+            self.ran = False
+            return None
+        watched, due = row[-2], row[-1]
+        if watched or due:
+            try:
+                raw.execute(AFTER_LEAN, (watched, due), prepare=True)
+            except psycopg.Error:
+                pass
+        return row[:-2]
 
     def execute(self, query: Any, params: Any = None) -> Any:
         """The statement's cursor (rows are whatever it returns: typed loosely, as a
@@ -160,7 +207,7 @@ class Conn:
             return self._with_pending(query, params)
         if text is not None:
             check = "" if self.fence is None else f"{self.fence}; "
-            text = f"BEGIN; {check}{text}; COMMIT; {AFTER_COMMIT}"
+            text = f"BEGIN; {check}{text}; COMMIT; {AFTER_COMMIT[self.tidy]}"
         for attempt in range(RETRIES):
             try:
                 return self._lone(query, params, text)
@@ -181,7 +228,7 @@ class Conn:
             raise AssertionError("execute_all() after a statement already committed on its own")
         self.ran = True
         head = [*BEGIN_WRITE, *([] if self.fence is None else [self.fence])]
-        text = "; ".join([*head, *texts, f"SELECT feed_flush(); COMMIT; {AFTER_COMMIT}"])
+        text = "; ".join([*head, *texts, f"{CLOSE}; COMMIT; {AFTER_COMMIT[self.tidy]}"])
         for attempt in range(RETRIES):
             try:
                 cur = self._send(text)
@@ -199,7 +246,7 @@ class Conn:
         if text is None:  # two round trips: a parameter not written as a literal
             cur = raw.execute(query, params)
             try:
-                raw.execute(AFTER_COMMIT)
+                raw.execute(AFTER_COMMIT[self.tidy])
             except psycopg.Error:
                 pass  # committed: the watchers look again within RECHECK seconds
             return cur

@@ -85,6 +85,7 @@ class Store:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._closed = False
+        self._writes = 0  # counts the writes; every 16th asks whether the feed has work due
         self._waiters: list[NotifyWaiter] = []
         self._conns: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()  # every one opened
         self._inherited: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()  # after fork()
@@ -208,6 +209,13 @@ class Store:
         check_owner(self._txn, self._thread())
 
     # -- transactions ---------------------------------------------------------
+
+    def tidy_turn(self) -> bool:
+        """Whether this write asks if the feed has work due (feed_due: expired keys, old
+        feed rows, changes nobody numbered): every 16th write of the store's process, the
+        first one included. (Threads may count a write twice or not at all: harmless.)"""
+        self._writes += 1
+        return self._writes % 16 == 1
 
     def write(self) -> _Write:
         """One write: a lone statement, a transaction, or a savepoint inside one."""

@@ -9,7 +9,7 @@ import psycopg
 
 from ...errors import UsageError
 from .errors import lost_connection, translate
-from .statements import AFTER_COMMIT, AUTO, READ, RELEASE, SAVEPOINT, TXN, Conn, quiet_rollback
+from .statements import AFTER_COMMIT, AUTO, CLOSE, READ, RELEASE, SAVEPOINT, TXN, Conn, quiet_rollback
 
 if TYPE_CHECKING:
     from .store import Store
@@ -20,7 +20,7 @@ class _Write:
 
     Outermost: a connection from the pool in AUTO mode; if the operation
     begins a transaction (several statements, or a nested write), its
-    changes are moved to the feed and it COMMITs on success, or ROLLBACKs on
+    changes get their ticket and it COMMITs on success, or ROLLBACKs on
     any exception. A COMMIT (or a lone statement) cut off by a lost
     connection raises ``StorageError`` with ``outcome_unknown``.
     Nested: a SAVEPOINT (sent before its first statement; none if it sends
@@ -41,7 +41,7 @@ class _Write:
             raise UsageError("a write inside db.snapshot(): the block only reads (one "
                              "consistent state); write after it, or use transaction()")
         if depth == 0:
-            self.c = local.conn = Conn(store._checkout(), AUTO)
+            self.c = local.conn = Conn(store._checkout(), AUTO, tidy=store.tidy_turn())
             self.token = local.owner = [True]
             self.reset = store._txn.set(self.token)
         else:
@@ -101,8 +101,8 @@ class _Write:
             if isinstance(exc, psycopg.Error):
                 raise translate(exc) from None
             return
-        try:  # the changes to the feed, COMMIT, and the wake-up after it: one round trip
-            raw.execute(f"SELECT feed_flush(); COMMIT; {AFTER_COMMIT}")
+        try:  # the changes' ticket, COMMIT, and the wake-up after it: one round trip
+            raw.execute(f"{CLOSE}; COMMIT; {AFTER_COMMIT[c.tidy]}")
         except psycopg.Error as e:
             # The COMMIT may have happened; a refusal before it (still in the block) did not.
             unknown = lost_connection(e) or (

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from .store import Store
 
 RECHECK = 1.0  # seconds a watcher waits for a NOTIFY before it looks again anyway
+LEASE = 10  # seconds a watcher's registration lasts (feed_watch in schema_postgres.sql)
+RENEW = 3.0  # seconds between its renewals while it is in use
+POLL = 0.025  # seconds between looks at the writers that may have missed a registration
+GRACE = 5.0  # seconds it looks at them at most (a write's commit follows its statement)
 
 
 class NotifyWaiter:
@@ -30,11 +34,24 @@ class NotifyWaiter:
     store's pool it is parked (UNLISTEN): the server keeps a notification
     until every listener has read it, in a queue shared by every database on
     the server, and nobody reads an idle waiter's.
+
+    Writers send a NOTIFY only while someone has said it listens (the lease
+    of ``feed_watch``, which a waiter renews every RENEW seconds while in use).
+    A write that read the lease (after taking its transaction id) before a
+    registration may commit after the watcher's first look, and send nothing:
+    such a write was running when the registration was done, so its
+    transaction is in the snapshot taken right after it; the waiter looks at
+    those transactions every POLL seconds, and looks again once they are all
+    over (for GRACE seconds at most). A client that may not register (a
+    standby) is woken by its look-again every RECHECK seconds only.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.count = 0
+        self.renewed = -LEASE  # time.monotonic() of the last registration
+        self.suspects: list[str] = []  # transactions that may have missed the registration
+        self.suspects_until = 0.0
         self.conn = self._listen()
 
     def _listen(self) -> psycopg.Connection:
@@ -44,7 +61,45 @@ class NotifyWaiter:
         except psycopg.Error as e:
             c.close()
             raise translate(e) from None
+        self._register(c)
         return c
+
+    def _register(self, c: psycopg.Connection) -> None:
+        """Say (again) that this waiter listens; after a lapse, note the transactions
+        running right after it (see the class docstring)."""
+        now = time.monotonic()
+        lapsed = now - self.renewed > LEASE - 2 * RENEW
+        try:
+            c.execute("BEGIN READ WRITE; SELECT feed_watch(%s); COMMIT" % LEASE)
+            self.renewed = now
+            if lapsed:
+                running = c.execute("SELECT array_agg(x::text) FROM pg_snapshot_xip(pg_current_snapshot()) x"
+                                    ).fetchone()[0]
+                self.suspects, self.suspects_until = running or [], now + GRACE
+        except psycopg.Error:
+            try:
+                if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    c.execute("ROLLBACK")
+            except psycopg.Error:
+                pass
+
+    def _renew(self) -> None:
+        if time.monotonic() - self.renewed >= RENEW:
+            self._register(self.conn)
+
+    def _suspects_over(self) -> bool:
+        """Whether the transactions that may have missed the registration have all ended
+        (or GRACE passed): then the caller looks again, once."""
+        if time.monotonic() > self.suspects_until:
+            self.suspects = []
+            return True
+        try:
+            self.suspects = self.conn.execute(
+                "SELECT coalesce(array_agg(x), '{}') FROM unnest(%s::text[]) x "
+                "WHERE pg_xact_status(x::xid8) = 'in progress'", (self.suspects,)).fetchone()[0]
+        except psycopg.Error:
+            self.suspects = []
+        return not self.suspects
 
     def _listen_sql(self) -> psycopg.sql.Composed:
         return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.store.channel))
@@ -69,6 +124,7 @@ class NotifyWaiter:
         except psycopg.Error:
             self.conn.close()
             return False
+        self._renew()
         self.count += 1  # nothing was heard while parked: look again
         return True
 
@@ -87,7 +143,10 @@ class NotifyWaiter:
             self.count += 1  # something may have been missed meanwhile: look again
 
     def mark(self) -> int:
+        """The notifications counted so far; the registration renewed first, so that a
+        write after the look that follows wakes this waiter."""
         self._drain()
+        self._renew()
         return self.count
 
     def wait(self, mark: int, deadline: float | None) -> bool:
@@ -98,13 +157,18 @@ class NotifyWaiter:
             self._drain()
             if self.count > mark:
                 return True
+            if self.suspects and self._suspects_over():
+                return True
+            self._renew()
             now = time.monotonic()
             if deadline is not None and deadline <= now:
                 return False
             if recheck <= now:
                 return True
-            select.select([self.conn.fileno()], [], [],
-                          min(recheck, deadline if deadline is not None else recheck) - now)
+            until = min(recheck, deadline if deadline is not None else recheck)
+            if self.suspects:
+                until = min(until, now + POLL)
+            select.select([self.conn.fileno()], [], [], max(0.0, until - now))
 
     async def await_change(self, mark: int) -> None:
         """The same, on the event loop: it sleeps until the socket has something to read
@@ -118,6 +182,13 @@ class NotifyWaiter:
             left = recheck - loop.time()
             if self.count > mark or left <= 0:
                 return
+            # (queries: in a worker thread, the loop's thread never waits for the server)
+            if self.suspects and await asyncio.to_thread(self._suspects_over):
+                return
+            if time.monotonic() - self.renewed >= RENEW:
+                await asyncio.to_thread(self._renew)
+            if self.suspects:
+                left = min(left, POLL)
             ready = loop.create_future()
             fd = self.conn.fileno()
 
