@@ -13,9 +13,9 @@ the CPU time of every process of the server's cluster can be read from /proc:
    process of the cluster (``/proc/PID/schedstat`` of the postmaster and its
    children, plus the CPU of children that exited meanwhile, from the
    postmaster's ``cutime``/``cstime``) around a batch of writes, divided by the
-   batch's size. Variants: a bare prepared INSERT of the same row (the floor: a
-   table of kind, scope id, key and a json value, one row per call, psycopg
-   prepared, autocommit), LangGraph's ``PostgresSaver.put``, and agentstate's
+   batch's size. Variants: a bare prepared INSERT of the same row (the floor: the
+   row a put writes, into a table of kv's columns with its primary key and
+   nothing else, one row per call, psycopg prepared, autocommit), LangGraph's ``PostgresSaver.put``, and agentstate's
    put of a new key, of an existing key, with ``if_version``, an append of one
    item, a batch of a check and two puts, and ``AgentStateSaver.put``.
 2. ``AgentStateSaver.put`` beside ``PostgresSaver.put`` with fsync on (durable):
@@ -155,16 +155,21 @@ def _floor_variants(url: str) -> dict[str, Any]:
     import psycopg
 
     c = psycopg.connect(url, autocommit=True, prepare_threshold=0)
+    # The row a put writes, in a table of the same columns with the same primary key,
+    # and nothing else: no version to keep, no change to record, no lock to take.
     c.execute("CREATE TABLE IF NOT EXISTS floor (kind text COLLATE \"C\", scope_id text COLLATE \"C\", "
-              "key text COLLATE \"C\", value json, PRIMARY KEY (kind, scope_id, key))")
+              "key text COLLATE \"C\", version bigint, type text, value json, data bytea, "
+              "list_id bigint, length bigint, size integer, updated_at timestamptz, "
+              "expires_at timestamptz, PRIMARY KEY (kind, scope_id, key))")
     text = json.dumps(VALUE, separators=(",", ":"))
     state = {"n": 0}
     sid = f"w{os.getpid()}"
 
     def insert() -> None:
         state["n"] += 1
-        c.execute("INSERT INTO floor (kind, scope_id, key, value) VALUES (%s, %s, %s, %s)",
-                  ("app", sid, f"n{state['n']}", text), prepare=True)
+        c.execute("INSERT INTO floor (kind, scope_id, key, version, type, value, size, updated_at) "
+                  "VALUES (%s, %s, %s, 1, 'json', %s, %s, clock_timestamp())",
+                  ("app", sid, f"n{state['n']}", text, len(text)), prepare=True)
 
     return {"bare prepared INSERT": insert}
 
