@@ -1,12 +1,14 @@
 """Repository of the change feed (SPEC §9) and the settings (SPEC §10) on PostgreSQL.
 
-The write functions record their changes themselves (``feed_add`` in
-``schema_postgres.sql``), unnumbered and without a lock every writer would
-share; a reader numbers the committed ones (``feed_sequence``) in a
-transaction of its own right before its read, in the same round trip, so the
-seqs it sees only ever grow and it sees its own committed writes. Every 16th
-write of a connection also purges a few old rows and expired keys
-(``feed_purge_step``); ``admin.purge`` runs one such step on demand.
+The writes record their changes themselves (``feed_add`` in
+``schema_postgres.sql``, or a CTE of lean.py's statements), unnumbered and
+without a lock every writer would share; a reader numbers the committed ones
+(``feed_sequence``) in a transaction of its own right before its read, in the
+same round trip, so the seqs it sees only ever grow and it sees its own
+committed writes. Every 16th write of a store's process asks whether the feed
+has work due (``feed_due``: expired keys, rows past the retention, changes
+nobody numbered) and, if so, purges a few after its COMMIT (``feed_after``);
+``admin.purge`` runs one such step on demand.
 """
 
 from __future__ import annotations

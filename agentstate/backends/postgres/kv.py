@@ -6,15 +6,17 @@ inside a transaction, is one call of its server function (``kv_put``,
 ``kv_append``, ... in ``schema_postgres.sql``), which locks the key's row,
 checks, writes and records its change; each read is one statement. A row whose ``expires_at``
 has passed is absent to every reader (the WHERE clause says so) and expired
-for good by the first writer that meets it, as on SQLite.
+for good by the first writer that meets it, as on SQLite; a deleted key's row
+stays as a tombstone (expires_at '-infinity', absent to every reader alike),
+which keeps its version.
 
 Inside a write transaction (``db.transaction()``, an ``update()`` retry) a
 read of a key locks it until the transaction ends: on SQLite a transaction
 holds the file's write lock, so what it read cannot change under it; here
 the keys it read cannot. Each key is locked before it is read
-(``kv_read_lock`` in ``schema_postgres.sql``: its row, or, when it has no
-live row, its key lock, which every writer that would create the key waits
-for), the lock and the read in one round trip.
+(``kv_read_lock`` in ``schema_postgres.sql``: its row, whatever it holds, or a
+tombstone inserted for a key that has none, which every writer that would
+create the key waits for), the lock and the read in one round trip.
 
 "Live" is judged by the read's own time, not by its transaction's start: a key
 that expired during a long block is absent in it. Outside a write transaction
@@ -56,7 +58,7 @@ def _live(c: Conn) -> str:
 
 def _read(c: Conn, kind: str, sid: str, key: str, sql: str, params: Any) -> list[Row]:
     """The rows of one read of a key. Inside a write transaction the key is locked
-    first (kv_read_lock: its row, or its key lock when it has no live row) and then
+    first (kv_read_lock: its row, or a tombstone's when it has none) and then
     read, in a snapshot taken after the lock's waits: what it read stays true until
     the transaction ends. Both statements go in one round trip."""
     if c.mode is not TXN:
@@ -135,10 +137,9 @@ def append(c: Conn, kind: str, sid: str, key: str, items: list[str], items_size:
 
 
 # A batch's check: the key locked (as a read in a transaction locks it), then its version
-# read in a snapshot taken after that lock's waits, and its row locked (FOR UPDATE: the
-# key lock may have been a creator's, whose row the first statement did not see), refused
-# on the server (so that the rest of its round trip is undone) unless it is the one
-# expected. Two statements.
+# read in a snapshot taken after that lock's waits (FOR UPDATE: again, at no cost, on
+# the row the first statement locked), refused on the server (so that the rest of its
+# round trip is undone) unless it is the one expected. Two statements.
 _CHECK_READ = ("SELECT v, CASE WHEN v <> %s THEN agentstate_error('VersionConflict', "
                "format('check %%s:%%s %%s: expected version %%s, the current version is %%s', "
                "%s::text, %s::text, %s::text, %s::bigint, v), v::text)::text END "
@@ -307,7 +308,7 @@ def _rows(rows: list[Row]) -> list[Row]:
 def get_many(c: Conn, kind: str, sid: str, keys: list[str]) -> list[Row]:
     """(key, type, value, version, joined list items) of the live keys among ``keys``, in
     one statement, ascending. Inside a write transaction they lock as ``get`` does: the
-    rows found, and the key lock of each key found absent (which is then read again)."""
+    rows found, and a tombstone's for each key found absent (which is then read again)."""
     sql = _MANY.format(where="key = ANY(%(keys)s)", live=_live(c), limit=_lock(c, " OF kv"))
     params = {"kind": kind, "sid": sid, "keys": keys}
     if c.mode is not TXN:
