@@ -56,6 +56,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import agentstate
+from agentstate._encoding import MAX_VALUE, check_value
+from agentstate._encoding import _dump as dump
 
 from ._common import INLINE, descending, seg_size, segment, token
 
@@ -233,6 +235,30 @@ def byte_keys(record: dict[str, Any] | None) -> set[str]:
 
 
 # -- values ----------------------------------------------------------------------------------
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """A record's compact JSON text as UTF-8 bytes, stored as a bytes value: readable as
+    the same JSON value by every caller (``get`` parses bytes as JSON), without the
+    store's walk of the whole record (SPEC §2), which would check again what this
+    module built from LangGraph's serializer (base64 of its bytes, keys, sizes). What
+    came from outside is checked here by the same rules: the checkpoint's head and the
+    metadata (``check_value``), and the size.
+
+    :raises InvalidValue: metadata (or a head) that is not storable JSON.
+    :raises TooLarge: over 1 MiB.
+    """
+    check_value(record["checkpoint"])
+    check_value(record["metadata"])
+    try:
+        data = dump(record).encode("utf-8")
+    except UnicodeEncodeError:
+        raise agentstate.InvalidValue("strings may not contain lone surrogates") from None
+    if len(data) > MAX_VALUE:
+        raise agentstate.TooLarge(f"value is {len(data)} bytes, over the limit of {MAX_VALUE}",
+                                  len(data), MAX_VALUE)
+    return data
+
 
 
 def normal(value: Any) -> Any:

@@ -42,6 +42,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 import agentstate
+from agentstate._encoding import encode
 from agentstate._twins import async_twin
 from agentstate.integrations import on_a_file
 
@@ -50,8 +51,8 @@ from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch
                       keys, local, on_pool, segment, token, write)
 from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, Parent,
                       array, array_header, blob, checkpoints, content_hash, jsonable, matches,
-                      names, normal, ordered, payload_keys, pending, run_token, segments, take,
-                      thread_token)
+                      names, normal, ordered, payload_keys, pending, record_bytes, run_token, segments,
+                      take, thread_token)
 from ._upgrade import upgrade
 
 PARENTS = 256  # records kept in memory to serve as the parent of the next put
@@ -194,19 +195,22 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         if blobs and not {key for key, _data in blobs} <= parent.blobs():
             return None
         run_id = record["metadata"].get("run_id")
-        try:
-            with self.db.batch() as b:
-                w = b.scope(scope.kind, scope.id)
-                w.check(parent_base + ".r", if_version=parent.version)
-                w.put(base + ".r", record, if_version=0)
-                if run_id is not None and parent.run_id != run_id:
-                    r, t = run_token(run_id), thread_token(thread_id)
-                    w.put(f"u.{r}", {"run_id": str(run_id)}, if_version=0)
-                    b.scope(self._index.kind, self._index.id).put(
-                        f"r.{r}.{t}", {"run_id": str(run_id), "thread_id": thread_id}, if_version=0)
+        data = record_bytes(record)
+        ops: list[Any] = [
+            ("check", scope.kind, scope.id, parent_base + ".r", (), {"if_version": parent.version}),
+            ("put", scope.kind, scope.id, base + ".r", ("bytes", data, len(data), None),
+             {"if_version": 0, "ttl": None})]
+        if run_id is not None and parent.run_id != run_id:
+            r, t = run_token(run_id), thread_token(thread_id)
+            for kind, sid, key, value in ((scope.kind, scope.id, f"u.{r}", {"run_id": str(run_id)}),
+                                          (self._index.kind, self._index.id, f"r.{r}.{t}",
+                                           {"run_id": str(run_id), "thread_id": thread_id})):
+                text, size = encode(value)
+                ops.append(("put", kind, sid, key, ("json", text, size, None), {"if_version": 0, "ttl": None}))
+        try:  # the batch's ops as db.batch() makes them (_batch.py), its keys ours by construction
+            return self.db._ops.apply_batch(ops)[1]
         except agentstate.VersionConflict:
             return None
-        return b.results[1]  # type: ignore[index]
 
     def _register(self, scope: agentstate.Scope, thread_id: Any, s: str, ns: str) -> None:
         """Index the namespace and the thread of a checkpoint without a stored parent."""
