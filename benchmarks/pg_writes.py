@@ -310,7 +310,7 @@ def per_write(server: Any, trees: dict[str, str], rounds: int, n: int) -> dict[s
         for label, root in trees.items():
             workers.append((label, Worker(root, fresh_url(server), "agentstate")))
         jobs = [(label, w, name) for label, w in workers for name in w.names]
-        for label, w, name in jobs:  # warm: plans prepared, caches filled
+        for _label, w, name in jobs:  # warm: plans prepared, caches filled
             w.ask("run", name, max(5, n // 5))
         with __import__("psycopg").connect(server.admin_url, autocommit=True) as c:
             c.execute("CHECKPOINT")
@@ -376,7 +376,7 @@ def report_cpu(res: dict[tuple[str, str], dict[str, list[float]]], trees: list[s
     lines = ["| write | " + " | ".join(
         f"{t}: server CPU µs (p25–p75) | {t}: × INSERT" for t in trees) + " | target |",
         "|---|" + "---:|---:|" * len(trees) + "---:|"]
-    lines.append(f"| bare prepared INSERT (the floor) | " + " | ".join(
+    lines.append("| bare prepared INSERT (the floor) | " + " | ".join(
         f"{floor:,.0f} ({_spread(res[('', 'bare prepared INSERT')]['cpu'])}) | 1.00×" for _ in trees)
         + " | |")
     for name in ORDER:
@@ -386,7 +386,7 @@ def report_cpu(res: dict[tuple[str, str], dict[str, list[float]]], trees: list[s
             cells.append(f"{_med(xs):,.0f} ({_spread(xs)}) | **{_med(xs) / floor:.2f}×**")
         target = TARGETS.get(name, 2.5)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {'≤ %.1f×' % target if target else ''} |")
-    lines.append(f"| PostgresSaver.put (LangGraph) | " + " | ".join(
+    lines.append("| PostgresSaver.put (LangGraph) | " + " | ".join(
         f"{lg:,.0f} ({_spread(res[('', 'PostgresSaver.put')]['cpu'])}) | {lg / floor:.2f}×" for _ in trees)
         + " | |")
     lines += ["", "Wall clock and the client's CPU per call (µs, medians), same run:", "",

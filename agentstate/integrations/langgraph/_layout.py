@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import agentstate
-from agentstate._encoding import MAX_VALUE, check_value
+from agentstate._encoding import MAX_VALUE, check_value, decode
 from agentstate._encoding import _dump as dump
 
 from ._common import INLINE, descending, seg_size, segment, token
@@ -75,8 +75,14 @@ STANDARD = ("v", "id", "ts", "channel_versions", "versions_seen", "updated_chann
 def names(ns: str, checkpoint_id: str) -> tuple[str, str]:
     """(namespace token, base key ``c.<ns>.<id↓>``) of a checkpoint; its record is
     ``base + ".r"``, its writes ``base + ".p"``."""
-    s = token(ns, 40)
+    s = ns_token(ns)
     return s, f"c.{s}.{descending(checkpoint_id, MAX_ID_BYTES)}"
+
+
+@functools.lru_cache(maxsize=4096)
+def ns_token(ns: str) -> str:
+    """The token of a checkpoint namespace in keys."""
+    return token(ns, 40)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -124,12 +130,14 @@ class Found:
 
 
 def checkpoints(scope: agentstate.Scope, prefix: str, after: str | None, first: int,
-                then: int = 0) -> Iterator[Found]:
+                then: int = 0, known: dict[Any, Any] | None = None) -> Iterator[Found]:
     """The checkpoints of ``scope`` under ``prefix`` (``c.<ns>.`` or one checkpoint's
     ``c.<ns>.<id↓>.``), after the key ``after``, newest first, each with its writes:
     pages of ``scope.items``, the first of ``first`` rows, the next ones of ``then``
     (default: twice the last) rows, up to 500. Writes whose record is not there are
-    skipped (put_writes may come before put, or outlive a deleted record).
+    skipped (put_writes may come before put, or outlive a deleted record). ``known``:
+    records already parsed, by (scope id, key, version) (a record at a version never
+    changes), added to; they are never to be changed (``json_copy`` what is handed out).
 
     :raises OldLayout: a key of agentstate 0.2's layout.
     """
@@ -138,8 +146,8 @@ def checkpoints(scope: agentstate.Scope, prefix: str, after: str | None, first: 
         after = prefix + STUB  # sorts before every checkpoint of a namespace
     held: tuple[str, Any] | None = None  # a writes row waiting for its record
     while True:
-        rows = scope.items(prefix, after=after, limit=size)
-        for i, (key, (value, version)) in enumerate(rows):
+        rows = _items(scope, prefix, after, size, known)
+        for i, (key, value, version) in enumerate(rows):
             base, part = key[:-2], key[-2:]
             if part == ".r":
                 writes = held[1] if held is not None and held[0] == base else None
@@ -158,6 +166,41 @@ def checkpoints(scope: agentstate.Scope, prefix: str, after: str | None, first: 
             return
         after = rows[-1][0]
         size = min(then or 2 * size, 500)
+
+
+def _items(scope: agentstate.Scope, prefix: str, after: str, limit: int,
+           known: dict[Any, Any] | None) -> list[tuple[str, Any, int]]:
+    """``scope.items(prefix, after=after, limit=limit)`` as (key, value, version), from the
+    store's rows directly (the prefix and the key are the saver's own, valid by
+    construction), records parsed once (``known``): a checkpoint's read is the
+    hottest of the saver."""
+    out = []
+    for key, type_, stored, version, items in scope._ops.kv_items(scope.kind, scope.id, prefix, after,
+                                                                   limit):
+        if type_ == "list":
+            out.append((key, decode(f"[{items or ''}]"), version))
+            continue
+        if known is None:
+            out.append((key, decode(stored), version))
+            continue
+        name = (scope.id, key, version)
+        value = known.get(name)
+        if value is None:
+            if len(known) >= 512:
+                known.clear()
+            value = known[name] = decode(stored)
+        out.append((key, value, version))
+    return out
+
+
+def json_copy(value: Any) -> Any:
+    """A copy of a parsed JSON value that shares no dict or list with it."""
+    t = type(value)
+    if t is dict:
+        return {k: json_copy(v) if type(v) in (dict, list) else v for k, v in value.items()}
+    if t is list:
+        return [json_copy(v) if type(v) in (dict, list) else v for v in value]
+    return value
 
 
 def pending(writes: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

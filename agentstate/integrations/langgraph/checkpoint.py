@@ -48,11 +48,11 @@ from agentstate.integrations import on_a_file
 
 from . import _threads
 from ._common import (CHUNK, BytesCache, Missing, conn_string, descending, fetch, get_json,
-                      keys, local, on_pool, segment, token, write)
+                      keys, local, on_pool, segment, write)
 from ._layout import (MAX_ID_BYTES, PREFIX, RECORD_FORMAT, STANDARD, Found, OldLayout, Parent,
                       array, array_header, blob, checkpoints, content_hash, jsonable, matches,
-                      names, normal, ordered, payload_keys, pending, record_bytes, run_token, segments,
-                      take, thread_token)
+                      json_copy, names, normal, ns_token, ordered, payload_keys, pending,
+                      record_bytes, run_token, segments, take, thread_token)
 from ._upgrade import upgrade
 
 PARENTS = 256  # records kept in memory to serve as the parent of the next put
@@ -80,6 +80,8 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         # (scope id, namespace token) -> rows its newest checkpoint took to read last time
         self._newest_rows: dict[tuple[str, str], int] = {}
         self._inline = on_a_file(db)  # aget_tuple reads on the loop's thread
+        self._scopes: dict[Any, agentstate.Scope] = {}
+        self._known: dict[Any, Any] = {}  # records parsed (see _layout.checkpoints)
 
     @classmethod
     @contextmanager
@@ -93,15 +95,23 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         """Nothing to do: the agentstate file carries its own schema."""
 
     def _scope(self, thread_id: Any) -> agentstate.Scope:
-        return self.db.scope("thread", f"{PREFIX}.{thread_token(thread_id)}")
+        """The thread's scope (kept: a Scope holds nothing that changes)."""
+        scope = self._scopes.get(thread_id)
+        if scope is None:
+            if len(self._scopes) >= PARENTS:
+                self._scopes.clear()
+            scope = self._scopes[thread_id] = self.db.scope("thread", f"{PREFIX}.{thread_token(thread_id)}")
+        return scope
 
     def _remember(self, scope: agentstate.Scope, base: str, record: dict[str, Any],
                   version: int) -> Parent:
         entry = (scope.id, base)
-        parent = self._records[entry] = Parent(record, version)
+        parent = self._records.get(entry)
+        if parent is None or parent.version != version:  # a record at a version never changes
+            parent = self._records[entry] = Parent(record, version)
+            while len(self._records) > PARENTS:
+                self._records.popitem(last=False)
         self._records.move_to_end(entry)
-        while len(self._records) > PARENTS:
-            self._records.popitem(last=False)
         return parent
 
     # -- put -----------------------------------------------------------------------
@@ -380,20 +390,20 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         scope = self._scope(thread_id)
         cid = conf.get("checkpoint_id")
-        s = token(ns, 40)
+        s = ns_token(ns)
         newest = (scope.id, s)
         for _attempt in range(4):  # deleted while read, or migrated: look again
             try:
                 if cid:
                     base = names(ns, cid)[1]
-                    found = next(checkpoints(scope, base + ".", None, 2), None)
+                    found = next(checkpoints(scope, base + ".", None, 2, known=self._known), None)
                     if found is None and scope.get_bytes(base) is not None:
                         raise OldLayout(scope, base)  # a 0.2 record (without writes)
                 else:
                     # The newest checkpoint is its writes (if any) then its record: as
                     # many rows as last time, then one more at a time.
                     rows = self._newest_rows.get(newest, 1)
-                    found = next(checkpoints(scope, f"c.{s}.", None, rows, 1), None)
+                    found = next(checkpoints(scope, f"c.{s}.", None, rows, 1, self._known), None)
                     if found is not None:
                         self._newest_rows[newest] = 1 if found.writes is None else 2
             except OldLayout:
@@ -474,10 +484,10 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 if before_id is None or descending(cid) > descending(before_id):
                     s, base = names(conf.get("checkpoint_ns", ""), cid)
                     streams.append(ordered(scope, thread_id, f"c.{s}.",
-                                            checkpoints(scope, base + ".", None, 2)))
+                                            checkpoints(scope, base + ".", None, 2, known=self._known)))
                 continue
             if conf.get("checkpoint_ns") is not None:  # None or absent: every namespace
-                spaces = [token(conf["checkpoint_ns"], 40)]
+                spaces = [ns_token(conf["checkpoint_ns"])]
             else:
                 spaces = [k[2:] for k in keys(scope, "n.")]
             for s in spaces:
@@ -485,7 +495,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 start = f"c.{s}.{descending(before_id, MAX_ID_BYTES)}.r" if before_id else None
                 start = f"c.{s}.{resume}" if resume else start  # resume: past before
                 streams.append(ordered(scope, thread_id, f"c.{s}.",
-                                        checkpoints(scope, f"c.{s}.", start, first)))
+                                        checkpoints(scope, f"c.{s}.", start, first, known=self._known)))
         return heapq.merge(*streams, key=lambda x: x[0])
 
     def _tuple(self, scope: agentstate.Scope, thread_id: Any, found: Found) -> CheckpointTuple:
@@ -501,7 +511,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
                 f"this agentstate reads {RECORD_FORMAT}: upgrade agentstate")
         self._remember(scope, found.base, record, found.version)
         ns, cid = record["ns"], record["id"]
-        checkpoint: dict[str, Any] = dict(record["checkpoint"])
+        checkpoint: dict[str, Any] = json_copy(record["checkpoint"])  # the record is kept: a copy
         loads = self.serde.loads_typed
         if "other" in record:
             other = record["other"]
@@ -522,7 +532,7 @@ class AgentStateSaver(BaseCheckpointSaver[Any]):
         return CheckpointTuple(
             config={"configurable": {**conf, "checkpoint_id": cid}},
             checkpoint=checkpoint,
-            metadata=record["metadata"],
+            metadata=json_copy(record["metadata"]),
             parent_config={"configurable": {**conf, "checkpoint_id": parent}} if parent else None,
             pending_writes=writes,
         )
