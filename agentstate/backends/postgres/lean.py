@@ -296,12 +296,12 @@ def batch(c: Any, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str,
     if row is None:
         return None
     out: list[Any] = []
-    for op, (name, *_rest) in zip(row[:len(ops)], ops):
-        if name == "check":
-            out.append(_rest[-1]["if_version"])
-        elif name == "put":
-            out.append(op)
+    for value, each in zip(row, ops):
+        if each[0] == "check":
+            out.append(each[5]["if_version"])
+        elif each[0] == "put":
+            out.append(value)
         else:
-            out.append(op is not None)
+            out.append(value is not None)
     return out
 

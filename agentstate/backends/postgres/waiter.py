@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from .errors import translate
+from .statements import first
 
 if TYPE_CHECKING:
     from .store import Store
@@ -49,7 +50,7 @@ class NotifyWaiter:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.count = 0
-        self.renewed = -LEASE  # time.monotonic() of the last registration
+        self.renewed = -float(LEASE)  # time.monotonic() of the last registration
         self.suspects: list[str] = []  # transactions that may have missed the registration
         self.suspects_until = 0.0
         self.conn = self._listen()
@@ -73,9 +74,9 @@ class NotifyWaiter:
             c.execute("BEGIN READ WRITE; SELECT feed_watch(%s); COMMIT" % LEASE)
             self.renewed = now
             if lapsed:
-                running = c.execute("SELECT array_agg(x::text) FROM pg_snapshot_xip(pg_current_snapshot()) x"
-                                    ).fetchone()[0]
-                self.suspects, self.suspects_until = running or [], now + GRACE
+                running = first(c.execute("SELECT coalesce(array_agg(x::text), '{}') "
+                                          "FROM pg_snapshot_xip(pg_current_snapshot()) x"))
+                self.suspects, self.suspects_until = running, now + GRACE
         except psycopg.Error:
             try:
                 if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -94,9 +95,9 @@ class NotifyWaiter:
             self.suspects = []
             return True
         try:
-            self.suspects = self.conn.execute(
+            self.suspects = first(self.conn.execute(
                 "SELECT coalesce(array_agg(x), '{}') FROM unnest(%s::text[]) x "
-                "WHERE pg_xact_status(x::xid8) = 'in progress'", (self.suspects,)).fetchone()[0]
+                "WHERE pg_xact_status(x::xid8) = 'in progress'", (self.suspects,)))
         except psycopg.Error:
             self.suspects = []
         return not self.suspects
@@ -183,8 +184,9 @@ class NotifyWaiter:
             if self.count > mark or left <= 0:
                 return
             # (queries: in a worker thread, the loop's thread never waits for the server)
-            if self.suspects and await asyncio.to_thread(self._suspects_over):
-                return
+            if self.suspects:
+                if await asyncio.to_thread(self._suspects_over):
+                    return
             if time.monotonic() - self.renewed >= RENEW:
                 await asyncio.to_thread(self._renew)
             if self.suspects:
