@@ -148,6 +148,10 @@ def _every_lean_statement(url: str) -> psycopg.Connection:
                ("put", "app", "p", f"c{tidy}", ("json", text, 7, None), {"if_version": 1, "ttl": 5.0}),
                ("delete", "app", "p", f"b{tidy}", (), {"if_version": None})]
         assert kv.write_many(Conn(raw, AUTO, tidy=tidy), ops) == [3 + 3 * tidy, 0, 1, 2, True]
+        chain = [("check", "app", "p", "a", (), {"if_version": 3 + 3 * tidy}),  # lean.py's chain
+                 ("put", "app", "p", f"m{tidy}", ("json", text, 7, None), {"if_version": 0, "ttl": None}),
+                 ("put", "app", "p", f"c{tidy}", ("json", text, 7, None), {"if_version": 2, "ttl": None})]
+        assert kv.write_many(Conn(raw, AUTO, tidy=tidy), chain) == [3 + 3 * tidy, 1, 3]
     for _ in range(6):  # past psycopg's prepare_threshold: the reads are prepared too
         c = Conn(raw, "read")
         kv.get(c, "app", "p", "a")

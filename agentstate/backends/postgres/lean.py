@@ -66,14 +66,16 @@ def _feed(rows: str) -> str:
             "AS c(ticket, ord, op, kind, sid, key, version, start, count) WHERE " + _FEED_ON + ")")
 
 
-def _upsert(i: str) -> str:
+def _upsert(i: str, after: str = "") -> str:
     """A put of a JSON or bytes value that creates the key (or a deleted one again) or,
     ``any``, replaces a live value that is not a list (``if_version`` None; 0: only a
-    create). Its row: the key's new version."""
+    create); only once the CTE ``after`` has a row, when given. Its row: the key's new
+    version."""
+    row = (f"%(kind{i})s, %(sid{i})s, %(key{i})s, 1, %(type{i})s, %(value{i})s::json, %(data{i})s::bytea, "
+           f"%(size{i})s, clock_timestamp(), clock_timestamp() + %(ttl{i})s::float8 * interval '1 second'")
     return f"""INSERT INTO kv AS t (kind, scope_id, key, version, type, value, data, size, updated_at,
                              expires_at)
-    VALUES (%(kind{i})s, %(sid{i})s, %(key{i})s, 1, %(type{i})s, %(value{i})s::json, %(data{i})s::bytea,
-            %(size{i})s, clock_timestamp(), clock_timestamp() + %(ttl{i})s::float8 * interval '1 second')
+    {f"SELECT {row} FROM {after}" if after else f"VALUES ({row})"}
     ON CONFLICT (kind, scope_id, key) DO UPDATE
     SET version = t.version + 1, type = excluded.type, value = excluded.value, data = excluded.data,
         list_id = NULL, length = NULL, size = excluded.size, updated_at = excluded.updated_at,
@@ -82,14 +84,15 @@ def _upsert(i: str) -> str:
     RETURNING t.version"""
 
 
-def _cas(i: str) -> str:
-    """A put at ``if_version`` (> 0) of a live value that is not a list."""
+def _cas(i: str, after: str = "") -> str:
+    """A put at ``if_version`` (> 0) of a live value that is not a list (once ``after``
+    has a row, when given)."""
     return f"""UPDATE kv t
     SET version = t.version + 1, type = %(type{i})s, value = %(value{i})s::json, data = %(data{i})s::bytea,
         size = %(size{i})s, updated_at = clock_timestamp(),
         expires_at = CASE WHEN %(keep{i})s THEN t.expires_at
                           ELSE clock_timestamp() + %(ttl{i})s::float8 * interval '1 second' END
-    WHERE {_key(i)} AND t.version = %(if_version{i})s AND t.type <> 'list' AND {LIVE}
+    {f"FROM {after} " if after else ""}WHERE {_key(i)} AND t.version = %(if_version{i})s AND t.type <> 'list' AND {LIVE}
     RETURNING t.version"""
 
 
@@ -236,6 +239,39 @@ def _shape(ops: list[Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _chain_text(shape: tuple[str, ...], due: bool) -> str:
+    """The statement of a batch of checks at versions and then puts, a chain of CTEs: each
+    check locks its row at the version asked for and yields a row, each write runs only
+    once the op before it yielded one, so that a check or a first put that fails leaves
+    nothing written and no row; a later put that fails, after others wrote, raises
+    agentstate:Fallback (which undoes the statement). The changes of the puts under one
+    ticket taken after the last write."""
+    ctes, puts, before = [], [], ""
+    for n, op in enumerate(shape, 1):
+        i = str(n)
+        if op == "check":
+            join = f", {before}" if before else ""
+            ctes.append(f"o{i} AS MATERIALIZED (SELECT 1 FROM kv t{join} WHERE {_key(i)} AND {LIVE} "
+                        f"AND t.version = %(if_version{i})s FOR UPDATE OF t)")
+        else:
+            ctes.append(f"o{i} AS ({_cas(i, before) if op == 'cas' else _upsert(i, before)})")
+            puts.append(i)
+        before = f"o{i}"
+    first, *rest = puts
+    rows = ", ".join(f"({i}, 'put', %(kind{i})s, %(sid{i})s, %(key{i})s, o{i}.version, NULL::int8, NULL::int8)"
+                     for i in puts)
+    sources = ", ".join(f"o{i}" for i in puts)
+    ctes.append(_feed(f"SELECT tk.ticket, v.* FROM (SELECT nextval('change_ticket') AS ticket) tk, {sources}, "
+                      f"LATERAL (VALUES {rows}) AS v(ord, op, kind, sid, key, version, start, count)"))
+    outs = ", ".join(f"o{i}.version" for i in puts)
+    joins = "".join(f" LEFT JOIN o{i} ON true" for i in rest)
+    refuse = ("CASE WHEN " + " OR ".join(f"o{i}.version IS NULL" for i in rest)
+              + " THEN agentstate_error('Fallback', 'the batch goes through the functions') END, "
+              if rest else "")
+    return ("WITH " + ",\n".join(ctes) + f"\nSELECT {outs}, {refuse}" + _FLAGS.format(due=_DUE[due])[2:]
+            + f" FROM o{first}{joins}")
+
+
 def _batch_text(shape: tuple[str, ...], due: bool) -> str:
     """The statement of a batch of this shape: each op a CTE (``o1``, ``o2``, ...), run in
     order by ``r`` (scalar sub-selects are evaluated in order, each when it is reached),
@@ -292,16 +328,22 @@ def batch(c: Any, ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str,
         else:
             params.update({f"kind{i}": kind, f"sid{i}": sid, f"key{i}": key,
                            f"if_version{i}": kw.get("if_version")})
-    row = c.lean(_text(("batch", shape), c.tidy, lambda: _batch_text(shape, c.tidy)), params)
+    k = shape.count("check")
+    chain = k < len(shape) and shape[:k] == ("check",) * k and all(op in ("put", "cas") for op in shape[k:])
+    row = c.lean(_text(("batch", shape), c.tidy,
+                       lambda: (_chain_text if chain else _batch_text)(shape, c.tidy)), params)
     if row is None:
         return None
+    values = iter(row)
     out: list[Any] = []
-    for value, each in zip(row, ops):
+    for each in ops:
         if each[0] == "check":
             out.append(each[5]["if_version"])
+            if not chain:
+                next(values)
         elif each[0] == "put":
-            out.append(value)
+            out.append(next(values))
         else:
-            out.append(value is not None)
+            out.append(next(values) is not None)
     return out
 
