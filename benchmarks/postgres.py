@@ -11,9 +11,11 @@ PostgreSQL's default durability (fsync on), on this machine.
 1. Per operation: agentstate on PostgreSQL beside raw psycopg sending the very
    statements the backend sends (the same server functions, with the same
    arguments, on one held connection; values through json.dumps and
-   json.loads): a lone write as one simple query with its arguments written
-   in as literals, ``BEGIN; SELECT kv_put(...); COMMIT; SELECT
-   feed_notify()`` (the wake-up after the COMMIT, in the same round trip);
+   json.loads): a put or an append as the one prepared statement the backend
+   sends (``agentstate/backends/postgres/lean.py``: the write and its change
+   row, whose flags ask for the wake-up and the purge after the COMMIT); the
+   other writes as one simple query with their arguments written in as
+   literals, ``BEGIN; SELECT kv_pop(...); COMMIT; SELECT feed_notify(false)``;
    reads prepared; a read of the feed numbers it first (``feed_sequence()``,
    sent with the snapshot's BEGIN). On the same server in the same run, taking
    turns. Both with
@@ -51,6 +53,7 @@ import psycopg  # noqa: E402
 from psycopg.types.numeric import Int8Dumper  # noqa: E402
 
 import agentstate  # noqa: E402
+from agentstate.backends.postgres import lean  # noqa: E402
 from tests import pgserver  # noqa: E402
 
 ALICE = agentstate.Principal("alice")
@@ -78,7 +81,9 @@ class Raw:
     its wake-up in one round trip (arguments written in by hand, the cheapest way), reads
     prepared."""
 
-    WRITE = "BEGIN; {}; COMMIT; SELECT feed_notify()"
+    WRITE = "BEGIN; {}; COMMIT; SELECT feed_notify(false)"
+    BLOCK = "BEGIN; SELECT set_config('agentstate.block', 'on', true)"
+    CLOSE = "SELECT feed_close(); COMMIT; SELECT feed_notify(false)"
 
     TURN_COLS = ("t.id, t.session_id, t.n, t.status, t.input::text, t.request::text, "
                  "t.decision::text, t.result::text, t.error, "
@@ -108,16 +113,24 @@ class Raw:
         cur.nextset()
         return cur.fetchone()
 
+    def _lean(self, query: str, params: dict):
+        """A lean statement, prepared; the wake-up or purge after it when its flags ask."""
+        row = self.c.execute(query, params, prepare=True).fetchone()
+        if row[-1] or row[-2]:
+            self.c.execute("SELECT feed_after(%s, %s)", (row[-2], row[-1]), prepare=True)
+        return row[:-2]
+
     def put(self, key: str, value, if_version=None) -> int:
         text = _dumps(value)
-        return self._write(f"SELECT kv_put('app', 'raw', {_q(key)}, 'json', {_q(text)}, NULL, "
-                           f"{len(text.encode())}, NULL, {_n(if_version)}, NULL, false)")[0]
+        cas = if_version is not None and if_version > 0
+        return self._lean(lean._put_text(cas, False), lean.put_params(
+            "app", "raw", key, "json", text, len(text.encode()), if_version, None))[0]
 
     def append(self, key: str, items: list):
         texts = [_dumps(x) for x in items]
         size = 2 + sum(len(t.encode()) for t in texts) + len(texts) - 1
-        return self._write(f"SELECT o_length, o_version FROM kv_append('app', 'raw', {_q(key)}, "
-                           f"{_arr(texts)}, {size}, NULL)")
+        return self._lean(_APPEND, {"kind": "app", "sid": "raw", "key": key, "n": len(texts),
+                                    "size": size, "items": "[" + ",".join(texts) + "]", "ttl": None})
 
     def pop(self, key: str):
         items, _version = self._write(f"SELECT o_items, o_version FROM kv_pop('app', 'raw', {_q(key)}, 1)")
@@ -150,20 +163,35 @@ class Raw:
     def turn(self, session_id: str, turn_id: str) -> None:
         """start_turn then finish: the statements of each, in its transaction."""
         c = self.c
-        c.execute("BEGIN; SELECT set_config('agentstate.block', 'on', true)")
+        c.execute(self.BLOCK)
         c.execute("SELECT id, owner, iso_utc(created_at), metadata::text FROM session WHERE id = %s",
                   (session_id,)).fetchone()
         c.execute(f"SELECT {self.TURN_COLS} FROM turn_start(%s, %s, %s, %s, %s) t",
                   (turn_id, session_id, "running", None, 60.0)).fetchone()
-        c.execute("SELECT feed_flush(); COMMIT; SELECT feed_notify()")
-        c.execute("BEGIN; SELECT set_config('agentstate.block', 'on', true)")
+        c.execute(self.CLOSE)
+        c.execute(self.BLOCK)
         c.execute(f"SELECT {self.TURN_COLS} FROM turn t WHERE id = %s", (turn_id,)).fetchone()
         c.execute("SELECT id, owner, iso_utc(created_at), metadata::text FROM session WHERE id = %s",
                   (session_id,)).fetchone()
         c.execute(f"SELECT {self.TURN_COLS} FROM turn_move(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) t",
                   (turn_id, ["running", "resuming"], "finished", None, "finish", ["result"], None,
                    None, None, None)).fetchone()
-        c.execute("SELECT feed_flush(); COMMIT; SELECT feed_notify()")
+        c.execute(self.CLOSE)
+
+
+class _Once:
+    """What lean.append asks its connection for: the statement's text, built once."""
+
+    tidy = False
+
+    def lean(self, query: str, params: dict):
+        self.query = query
+        return (0, 0)
+
+
+_ONCE = _Once()
+lean.append(_ONCE, "app", "raw", "k", ["1"], 3, None)
+_APPEND = _ONCE.query
 
 
 def _timed(fn: Callable[[int], object], n: int) -> float:
@@ -352,9 +380,11 @@ def main() -> None:
                   "| operation | agentstate µs | raw psycopg µs | ratio |", "|---|---:|---:|---:|"]
         lines += [f"| {name} | {a:,.0f} | {r:,.0f} | **{r / a:.2f}×** |" for name, a, r in ops]
         lines += ["", "One round trip per call for get, put, CAS, append, pop, run write and tail: "
-                  "a write is one simple query, `BEGIN; SELECT kv_put(...); COMMIT; SELECT "
-                  "feed_notify()`, its arguments written in as literals (the wake-up goes after the "
-                  "COMMIT, in a transaction of its own); update is a read and a CAS; changes numbers "
+                  "a put, a CAS and an append are one prepared statement each (the write and its "
+                  "change row; a second round trip only when someone watches the feed, for the "
+                  "wake-up, or now and then for the purge), a pop or a run write one simple query, "
+                  "`BEGIN; SELECT kv_pop(...); COMMIT; SELECT feed_notify(false)`, its arguments "
+                  "written in as literals; update is a read and a CAS; changes numbers "
                   "the committed changes and opens a repeatable-read snapshot in one round trip "
                   "(`BEGIN; SELECT feed_sequence(); COMMIT; BEGIN ...`), then two reads and COMMIT; "
                   "a turn's start and finish each check access first, so each is a transaction of a "

@@ -173,8 +173,8 @@ _APPEND = f"""WITH w AS (
       AND t.size + excluded.size - 2 + CASE WHEN t.length > 0 THEN 1 ELSE 0 END <= 1048576
     RETURNING t.version, t.list_id, t.length),
 i AS (INSERT INTO list_item (list_id, idx, item)
-      SELECT w.list_id, w.length - %(n)s + u.o - 1, u.item::json
-      FROM w, unnest(%(items)s::text[]) WITH ORDINALITY AS u(item, o)),
+      SELECT w.list_id, w.length - %(n)s + u.o - 1, u.item
+      FROM w, json_array_elements(%(items)s::json) WITH ORDINALITY AS u(item, o)),
 """
 
 
@@ -191,7 +191,8 @@ def append(c: Any, kind: str, sid: str, key: str, items: list[str], items_size: 
                 + " SELECT w.length, w.version" + _FLAGS.format(due=_DUE[c.tidy]) + " FROM w")
 
     return c.lean(_text("append", c.tidy, build), {
-        "kind": kind, "sid": sid, "key": key, "n": len(items), "size": items_size, "items": items,
+        "kind": kind, "sid": sid, "key": key, "n": len(items), "size": items_size,
+        "items": "[" + ",".join(items) + "]",  # one JSON text: no array of texts to escape
         "ttl": None if ttl == KEEP or ttl is None else float(ttl)})
 
 
