@@ -57,13 +57,12 @@ def _key(i: str) -> str:
     return f"t.kind = %(kind{i})s AND t.scope_id = %(sid{i})s AND t.key = %(key{i})s"
 
 
-def _feed(rows: str) -> str:
-    """The CTE that adds the change rows ``rows`` (SELECT ticket, ord, op, kind, sid, key,
-    version, start, count ...)."""
-    return ("f AS (INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, "
-            "version, start, count) SELECT pg_current_xact_id(), c.ticket, c.ord, clock_timestamp(), "
-            f"'kv', c.op, c.kind, c.sid, c.key, c.version, c.start, c.count FROM ({rows}) "
-            "AS c(ticket, ord, op, kind, sid, key, version, start, count) WHERE " + _FEED_ON + ")")
+def _feed(values: str, source: str, where: str = "") -> str:
+    """The CTE that adds a change row (ticket, ord, op, kind, scope id, key, version, start,
+    count: ``values``) for each row of ``source`` (that passes ``where``)."""
+    return ("f AS (INSERT INTO change_new (xid, at, topic, ticket, ord, op, kind, scope_id, key, "
+            f"version, start, count) SELECT pg_current_xact_id(), clock_timestamp(), 'kv', {values} "
+            f"FROM {source} WHERE {where + ' AND ' if where else ''}{_FEED_ON})")
 
 
 def _upsert(i: str, after: str = "") -> str:
@@ -135,8 +134,8 @@ def _text(shape: Any, due: bool, build: Any) -> str:
 
 def _put_text(cas: bool, due: bool) -> str:
     return (f"WITH w AS ({_cas('') if cas else _upsert('')}), "
-            + _feed("SELECT nextval('change_ticket'), 1, 'put', %(kind)s, %(sid)s, %(key)s, w.version, "
-                    "NULL::int8, NULL::int8 FROM w")
+            + _feed("nextval('change_ticket'), 1, 'put', %(kind)s, %(sid)s, %(key)s, w.version, NULL, NULL",
+                    "w")
             + " SELECT w.version" + _FLAGS.format(due=_DUE[due]) + " FROM w")
 
 
@@ -186,8 +185,8 @@ def append(c: Any, kind: str, sid: str, key: str, items: list[str], items_size: 
     A new list's list_id is taken only when the key has no row at all (a row is never
     removed, so then the INSERT creates it): a refused append takes none."""
     def build() -> str:
-        return (_APPEND + _feed("SELECT nextval('change_ticket'), 1, 'append', %(kind)s, %(sid)s, "
-                                "%(key)s, w.version, w.length - %(n)s, %(n)s FROM w")
+        return (_APPEND + _feed("nextval('change_ticket'), 1, 'append', %(kind)s, %(sid)s, %(key)s, "
+                                "w.version, w.length - %(n)s, %(n)s", "w")
                 + " SELECT w.length, w.version" + _FLAGS.format(due=_DUE[c.tidy]) + " FROM w")
 
     return c.lean(_text("append", c.tidy, build), {
@@ -202,8 +201,8 @@ def delete(c: Any, kind: str, sid: str, key: str, if_version: int | None) -> boo
     def build() -> str:
         return (f"WITH w AS ({_delete('')}), "
                 "i AS (DELETE FROM list_item WHERE list_id = (SELECT list_id FROM w)), "
-                + _feed("SELECT nextval('change_ticket'), 1, 'delete', %(kind)s, %(sid)s, %(key)s, "
-                        "w.version, NULL::int8, NULL::int8 FROM w")
+                + _feed("nextval('change_ticket'), 1, 'delete', %(kind)s, %(sid)s, %(key)s, w.version, "
+                        "NULL, NULL", "w")
                 + " SELECT true" + _FLAGS.format(due=_DUE[c.tidy]) + " FROM w")
 
     row = c.lean(_text("delete", c.tidy, build),
@@ -262,7 +261,8 @@ def _chain_text(shape: tuple[str, ...], due: bool) -> str:
     rows = ", ".join(f"({i}, 'put', %(kind{i})s, %(sid{i})s, %(key{i})s, o{i}.version, NULL::int8, NULL::int8)"
                      for i in puts)
     sources = ", ".join(f"o{i}" for i in puts)
-    ctes.append(_feed(f"SELECT tk.ticket, v.* FROM (SELECT nextval('change_ticket') AS ticket) tk, {sources}, "
+    ctes.append(_feed("tk.ticket, v.ord, v.op, v.kind, v.sid, v.key, v.version, v.start, v.count",
+                      f"(SELECT nextval('change_ticket') AS ticket) tk, {sources}, "
                       f"LATERAL (VALUES {rows}) AS v(ord, op, kind, sid, key, version, start, count)"))
     outs = ", ".join(f"o{i}.version" for i in puts)
     joins = "".join(f" LEFT JOIN o{i} ON true" for i in rest)
@@ -304,9 +304,9 @@ def _batch_text(shape: tuple[str, ...], due: bool) -> str:
     ctes.append("r AS MATERIALIZED (SELECT " + ", ".join(results) + ")")
     if changes:
         ctes.append("tk AS MATERIALIZED (SELECT nextval('change_ticket') AS ticket FROM r)")
-        ctes.append(_feed("SELECT tk.ticket, v.* FROM r, tk, LATERAL (VALUES " + ", ".join(changes)
-                          + ") AS v(ord, op, kind, sid, key, version, start, count) "
-                          "WHERE v.version IS NOT NULL"))
+        ctes.append(_feed("tk.ticket, v.ord, v.op, v.kind, v.sid, v.key, v.version, v.start, v.count",
+                          "r, tk, LATERAL (VALUES " + ", ".join(changes) + ") AS v(ord, op, kind, sid, "
+                          "key, version, start, count)", "v.version IS NOT NULL"))
     outs = ", ".join(f"r.r{n}" for n in range(1, len(shape) + 1))
     refuse = ("CASE WHEN " + " OR ".join(fails)
               + " THEN agentstate_error('Fallback', 'the batch goes through the functions') END")
