@@ -379,7 +379,7 @@ def machine(pg: Postgres) -> list[str]:
         f"(Python sqlite3) {sqlite3.sqlite_version}; PostgreSQL {pg.version()} (fsync on, "
         f"synchronous_commit on), psycopg {importlib.metadata.version('psycopg')}, SQLAlchemy {sa}",
         f"- openai-agents {importlib.metadata.version('openai-agents')}; agentstate "
-        f"{importlib.metadata.version('agentstate')} at commit {commit() or '?'}",
+        f"{importlib.metadata.version('agentstate-db')} at commit {commit() or '?'}",
         "- load average at the start " + _load()
         + " (the machine is shared: the ratios, measured side by side, are the robust figures)",
     ]

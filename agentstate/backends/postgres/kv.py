@@ -121,8 +121,10 @@ def put(c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: in
 
 def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
     """Remove a key (a tombstone; a list's items deleted); whether it existed."""
-    if c.alone and lean.delete(c, kind, sid, key, if_version):
-        return True
+    if c.alone:
+        done = lean.delete(c, kind, sid, key, if_version)
+        if done is not None:
+            return done
     return c.execute(_DELETE, (kind, sid, key, if_version)).fetchone()[0]
 
 

@@ -196,18 +196,22 @@ def append(c: Any, kind: str, sid: str, key: str, items: list[str], items_size: 
 
 
 def delete(c: Any, kind: str, sid: str, key: str, if_version: int | None) -> bool | None:
-    """A delete of a live key: True, or None: not done (kv_delete's turn: absent or
-    expired, a version that does not match)."""
+    """A delete: True (it was live), False (no live key, none expired: without
+    ``if_version``), or None: not done (kv_delete's turn: an expired key, whose
+    ``expire`` change it records, or ``if_version`` given and not matched)."""
     def build() -> str:
         return (f"WITH w AS ({_delete('')}), "
                 "i AS (DELETE FROM list_item WHERE list_id = (SELECT list_id FROM w)), "
                 + _feed("nextval('change_ticket'), 1, 'delete', %(kind)s, %(sid)s, %(key)s, w.version, "
                         "NULL, NULL", "w")
-                + " SELECT true" + _FLAGS.format(due=_DUE[c.tidy]) + " FROM w")
+                + " SELECT EXISTS (SELECT FROM w)" + _FLAGS.format(due=_DUE[c.tidy])
+                + " WHERE EXISTS (SELECT FROM w) OR (%(if_version)s::int8 IS NULL AND NOT EXISTS ("
+                f"SELECT FROM kv t WHERE {_key('')} AND t.expires_at <= clock_timestamp() "
+                "AND t.expires_at > '-infinity'))")
 
     row = c.lean(_text("delete", c.tidy, build),
                  {"kind": kind, "sid": sid, "key": key, "if_version": if_version})
-    return None if row is None else True
+    return None if row is None else row[0]
 
 
 # -- a batch -----------------------------------------------------------------------------
