@@ -419,6 +419,35 @@ def report_saver(res: dict[tuple[str, str], dict[str, list[float]]], trees: list
     return lines
 
 
+READING = """## Reading the figures
+
+- What changed (issue 38): a write of a key outside `transaction()` is one prepared
+  statement with bound parameters (agentstate/backends/postgres/lean.py): the upsert,
+  compare-and-set, append or delete, its change row in a CTE of the same statement, and
+  two flags that ask for the wake-up (only while a watcher holds its lease) and for the
+  purge (only when something is due, asked every 16th write) after the COMMIT. A batch
+  is one statement too. Before, every write was a PL/pgSQL function called with its
+  arguments written in as literals (parsed and planned on every call), its changes
+  staged by further functions, a NOTIFY transaction after every write and a purge
+  attempt every 16th write; the CHECK constraints of kv were rebuilt for every statement
+  that wrote it.
+- Where the rest goes, statement by statement: benchmarks/PG-PROFILE.md. Every write
+  must write its row (an upsert costs more than the floor's plain INSERT: the conflict
+  check and the lock of the row it updates) and its change row (about one INSERT more),
+  in a statement whose fixed cost (a round trip, a transaction and its commit, about
+  half the floor) it pays once; an append also writes its item (one more INSERT), a
+  batch two rows, two change rows and a row lock for its check. Each change is also
+  numbered once by whoever reads the feed (here, with nobody reading, by the writers
+  about once a second, counted here since every process of the cluster is).
+- AgentStateSaver.put is one statement: the parent's check (a row lock, held to the
+  commit: a parent deleted meanwhile would take bytes the record points at), the
+  record (its JSON text as bytes) and its change row; PostgresSaver.put is one INSERT
+  of its row. The check and the change row are what the difference is made of.
+- Writer processes share the machine's two cores with their clients and with other
+  jobs: the processes' rows move with the load of the machine more than anything else.
+""".split("\n")
+
+
 def machine(server: Any) -> list[str]:
     import psycopg
 
@@ -509,6 +538,7 @@ def main() -> None:
             lines.append("")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    lines += READING
     lines.append(f"Run time {time.time() - started:,.0f} s; load average at the end "
                  f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}.")
     path = os.path.join(args.out, "PG-WRITES.md")
