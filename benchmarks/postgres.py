@@ -415,8 +415,8 @@ def main() -> None:
                          + f" | {rates[-1] / rates[0]:.2f}× |")
             print(lines[-1], flush=True)
         lines += ["", "No lock is shared by all PostgreSQL writers: a write locks its own rows, adds its "
-                  "changes to the feed unnumbered and commits; its NOTIFY follows in a transaction of "
-                  "its own that is not flushed. So the commits of several processes share the "
+                  "changes to the feed unnumbered and commits; its NOTIFY, when a process watches, "
+                  "follows in a transaction of its own that is not flushed. So the commits of several processes share the "
                   "server's WAL flushes (group commit), and durable throughput grows with the writers "
                   "until the cores are busy: the row at durability normal, which never waits for the "
                   "disk, is that ceiling. Readers number the feed (one at a time, under an advisory "
