@@ -382,3 +382,23 @@ def test_a_watcher_that_registers_during_a_write_is_woken_by_it(pg_url, monkeypa
         t.join(WAIT)
         assert [c.key for c in found[0]] == ["k"]
         assert time.monotonic() - committed < 10
+
+
+@pytest.mark.slow  # a minute or two: CI runs it with the other long ones (-m slow)
+def test_the_write_benchmarks_run(tmp_path):
+    """python -m benchmarks.pg_writes --quick and benchmarks.pg_profile --quick write their
+    tables (no speed is asserted)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    for module, out, wants in (
+            ("benchmarks.pg_writes", "PG-WRITES.md", ("| put, new key |", "| AgentStateSaver.put |",
+                                                     "PostgresSaver.put", "| fsync off |")),
+            ("benchmarks.pg_profile", "PG-PROFILE.md", ("### put, new key", "| one change row",
+                                                       "Insert on kv"))):
+        done = subprocess.run([sys.executable, "-m", module, "--quick", "--out", str(tmp_path)], cwd=repo,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        md = (tmp_path / out).read_text(encoding="utf-8")
+        assert all(w in md for w in wants), (module, md[:2000])
