@@ -186,6 +186,63 @@ CREATE TABLE store (
 ) STRICT;
 INSERT INTO store DEFAULT VALUES;
 
+-- Value history (SPEC §17): what each change of a key replaced or removed — the
+-- key's state just before it, its before-image — keyed by that change's seq, kept
+-- history_retention seconds (the bounded purge removes older ones, and moves
+-- history_head.floor). A change that created the key has none: the key was absent
+-- before it. The state of a key right after change S is the before-image of its
+-- first change after S, or (no change since) its row in kv. A list's before-image is
+-- its list and length: its items stay in list_item, and once popped in list_gone,
+-- so no write copies a list.
+CREATE TABLE kv_history (
+    seq        INTEGER PRIMARY KEY,  -- the change (change.seq) that replaced this state
+    version    INTEGER NOT NULL,
+    type       TEXT    NOT NULL,
+    value      ANY,      -- as in kv
+    list_id    INTEGER,  -- a list: its items as they were (list_item, list_gone, list_base)
+    length     INTEGER,
+    size       INTEGER NOT NULL,
+    updated_at TEXT    NOT NULL,
+    expires_at REAL
+) STRICT;
+CREATE INDEX kv_history_list ON kv_history (list_id) WHERE list_id IS NOT NULL;
+
+-- A key's changes in order: where its past is found (the first change after a seq).
+CREATE INDEX change_by_key ON change (kind, scope_id, key, seq) WHERE topic = 'kv';
+
+-- Items a pop removed, by the pop's seq: what a past state of the list (or a list made
+-- from it) still reads at that index, for as long as something may read it.
+CREATE TABLE list_gone (
+    list_id INTEGER NOT NULL,
+    idx     INTEGER NOT NULL,
+    seq     INTEGER NOT NULL,  -- the pop's change
+    item    TEXT    NOT NULL,
+    PRIMARY KEY (list_id, idx, seq)
+) STRICT, WITHOUT ROWID;
+
+-- Lists made from another list as it was right after a change (a fork's, a restore's:
+-- SPEC §17): below base_len an index reads the base list as of base_seq, unless this
+-- list's own items (or its pops) say otherwise. So a fork costs the same whatever the
+-- list's length, and a write to either list never changes the other. Their ids are
+-- negative (list_seq's are positive): a read of the present tells them apart at once.
+CREATE TABLE list_base (
+    list_id  INTEGER PRIMARY KEY CHECK (list_id < 0),
+    base_id  INTEGER NOT NULL,
+    base_len INTEGER NOT NULL CHECK (base_len >= 0),
+    base_seq INTEGER NOT NULL
+) STRICT;
+CREATE INDEX list_base_of ON list_base (base_id);
+
+-- Lists that may have lost their last reader (no key, kept state or list made from them
+-- refers to them any more): the purge checks each and empties the dead ones, a few
+-- items per write.
+CREATE TABLE list_dead (list_id INTEGER PRIMARY KEY) STRICT;
+
+-- How far back the history is complete (one row): every change after floor has its
+-- before-image kept. The purge moves it on; turning history on sets it to the head.
+CREATE TABLE history_head (floor INTEGER NOT NULL CHECK (floor >= 0)) STRICT;
+INSERT INTO history_head VALUES (0);
+
 -- Settings every process of the file agrees on (SPEC §10); absent: the default.
 CREATE TABLE setting (
     name  TEXT PRIMARY KEY,
@@ -255,4 +312,4 @@ WHERE t.status IN ('queued', 'running', 'held', 'decided', 'resuming');
 CREATE VIEW changes AS
 SELECT seq, at, topic, op, kind, scope_id, key, version, start, count FROM change;
 
-PRAGMA user_version = 5;
+PRAGMA user_version = 6;

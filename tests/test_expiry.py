@@ -225,7 +225,8 @@ def test_command_prune_trim_settings(db):
     r = run("--json", "prune", "--runs-older-than", "1s")
     assert r.exit_code == 0 and '"runs": ["done"]' in r.stdout
     assert run("prune").exit_code == 2 and run("prune", "--runs-older-than", "soon").exit_code == 2
-    assert run("--json", "settings").stdout.strip() == '{"feed_retention": 604800}'
+    assert run("--json", "settings").stdout.strip() == \
+        '{"feed_retention": 604800, "history_retention": 86400}'
     assert run("settings", "feed_retention", "60").exit_code == 0
     assert run("settings", "feed_retention").stdout.strip() == "feed_retention = 60"
     r = run("settings", "feed_retention", "-1")

@@ -180,7 +180,7 @@ def test_setting_values(db, value):
     else:
         with pytest.raises(agentstate.InvalidValue):
             db.set_setting("feed_retention", value)
-        assert db.settings() == {"feed_retention": 604800}
+        assert db.settings() == {"feed_retention": 604800, "history_retention": 86400}
     with pytest.raises(agentstate.InvalidValue):
         db.set_setting("no_such_setting", 1)
 

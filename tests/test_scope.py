@@ -183,6 +183,9 @@ def test_append_on_empty_list_and_absent_key(db):
 
 
 def test_put_replaces_a_list_and_its_items(db):
+    """With history off, a replaced list's items go at once (kept for the past otherwise:
+    test_history.py)."""
+    db.set_setting("history_retention", 0)
     s = db.scope("session", "s")
     s.append("h", [1, 2, 3])
     s.put("h", ["x"])
@@ -202,6 +205,7 @@ def test_put_replaces_a_list_and_its_items(db):
 
 
 def test_delete_removes_list_items(db):
+    db.set_setting("history_retention", 0)  # else kept for the past (test_history.py)
     s = db.scope("session", "s")
     s.append("h", list(range(10)))
     assert s.delete("h")

@@ -84,6 +84,7 @@ def iso(t: float) -> str:
 
 SETTINGS: dict[str, int] = {
     "feed_retention": 604_800,  # seconds of changes kept at least (7 days); 0: the feed is off
+    "history_retention": 86_400,  # seconds a replaced value is kept (a day); 0: no history
 }
 """Every setting of a store, with its default (a store keeps only what was set)."""
 

@@ -15,7 +15,8 @@ import apsw
 from ..._encoding import fs_path
 from ..._sql import first_word, refused, several
 from ...errors import AgentStateError, InvalidValue, StorageError, UsageError
-from . import feed, kv
+from ..base import iso
+from . import feed, history, kv
 from .errors import translate
 from .schema import SCHEMA_VERSION
 
@@ -31,15 +32,21 @@ INVARIANTS: list[tuple[str, str]] = [
                   ELSE 1 + sum(length(CAST(i.item AS BLOB)) + 1) END)
                || ', indexes ' || coalesce(min(i.idx), '-') || '..' || coalesce(max(i.idx), '-')
         FROM kv k LEFT JOIN list_item i ON i.list_id = k.list_id
-        WHERE k.type = 'list'
+        WHERE k.type = 'list' AND k.list_id > 0  -- one made from another: below
         GROUP BY k.kind, k.scope_id, k.key
         HAVING count(i.idx) <> k.length
             OR (CASE WHEN count(i.idx) = 0 THEN 2 ELSE 1 + sum(length(CAST(i.item AS BLOB)) + 1) END) <> k.size
             OR coalesce(min(i.idx), 0) <> 0 OR coalesce(max(i.idx), -1) <> k.length - 1"""),
     ("list items belong to a list", """
         SELECT 'list_item list_id ' || list_id, 'items of no list'
-        FROM (SELECT DISTINCT list_id FROM list_item
-              EXCEPT SELECT list_id FROM kv WHERE list_id IS NOT NULL)
+        FROM (SELECT list_id FROM list_item UNION SELECT list_id FROM list_gone
+              EXCEPT SELECT list_id FROM kv WHERE list_id IS NOT NULL
+              EXCEPT SELECT list_id FROM kv_history WHERE list_id IS NOT NULL  -- as it was
+              EXCEPT SELECT base_id FROM list_base  -- read by a list made from it
+              EXCEPT SELECT list_id FROM list_dead)  -- left for the purge
+        UNION ALL
+        SELECT 'kv ' || kind || ':' || scope_id || ' ' || key, 'list ' || list_id || ' has no base'
+        FROM kv WHERE list_id < 0 AND list_id NOT IN (SELECT list_id FROM list_base)
         UNION ALL
         SELECT 'list_seq', 'last ' || (SELECT last FROM list_seq) || ' is below list_id ' || max(list_id)
         FROM kv WHERE list_id IS NOT NULL HAVING max(list_id) > (SELECT last FROM list_seq)"""),
@@ -110,7 +117,9 @@ def purge(c: apsw.Connection, batch: int = PURGE_BATCH) -> int:
     few writes, ``Store.housekeeping``): up to ``batch`` feed rows past the retention
     and ``batch`` expired keys; how many rows went."""
     now = time.time()
-    return feed.purge_step(c, now, batch) + kv.purge_expired(c, now, batch)
+    n = feed.purge_step(c, now, batch) + kv.purge_expired(c, now, batch)
+    return n + history.purge_step(c, iso(max(0.0, now - feed.setting(c, "history_retention"))),
+                                  batch)
 
 
 def check(store: Store) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..base import SETTINGS, Conn, Filters, check_cursor, iso, now_iso
 from ..grants import GrantSQL, Readable
+from . import history
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -19,7 +20,8 @@ __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 _RECORD = """
 INSERT INTO change (at, topic, op, kind, scope_id, key, version, start, count)
 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9
-WHERE NOT EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0)"""
+WHERE NOT EXISTS (SELECT 1 FROM setting WHERE name = 'feed_retention' AND value = 0)
+RETURNING seq"""
 
 COLUMNS = "seq, at, topic, op, kind, scope_id, key, version, start, count"
 
@@ -38,9 +40,12 @@ DELETE FROM change WHERE seq < (
 
 def record(c: Conn, topic: str, op: str, kind: str | None = None,
            sid: str | None = None, key: str | None = None, version: int | None = None,
-           start: int | None = None, count: int | None = None, at: str | None = None) -> None:
-    """The change row of a write; ``at``: the write's own now_iso() stamp, when it has one."""
-    c.execute(_RECORD, (at or now_iso(), topic, op, kind, sid, key, version, start, count))
+           start: int | None = None, count: int | None = None, at: str | None = None) -> int | None:
+    """The change row of a write, and its seq (None: the feed is off); ``at``: the write's
+    own now_iso() stamp, when it has one."""
+    row = c.execute(_RECORD, (at or now_iso(), topic, op, kind, sid, key, version, start,
+                              count)).fetchone()
+    return None if row is None else row[0]
 
 
 def head(c: Conn) -> int:
@@ -111,6 +116,8 @@ def settings(c: Conn) -> dict[str, Any]:
 
 
 def set_setting(c: Conn, name: str, value: Any) -> None:
+    if value and name in ("history_retention", "feed_retention") and not setting(c, name):
+        history.restart(c)  # on again: nothing was kept meanwhile, the past starts now
     c.execute("INSERT INTO setting (name, value) VALUES (?, ?) "
               "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
 

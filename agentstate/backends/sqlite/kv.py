@@ -24,13 +24,16 @@ import apsw
 from ..._encoding import MAX_VALUE
 from ...errors import NotAList, TooLarge
 from ..base import Conn, KEEP, checked, conflict, now_iso
-from . import feed
+from . import feed, history
 
 Row = tuple[Any, ...]
 _LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
-_FIND = """SELECT version, type, list_id, length, size, expires_at FROM kv
+# A key's row as the writes read it (history.State: its last two for a before-image).
+_FIND = """SELECT version, type, list_id, length, size, expires_at, value, updated_at FROM kv
            WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
+# The same, only when history is kept (the fast paths read it for their before-image).
+_FIND_KEPT = _FIND + " AND " + history._ON
 _NEXT_VERSION = ("1 + coalesce((SELECT version FROM kv_deleted WHERE kind = :kind AND scope_id = :sid "
                  "AND key = :key), 0)")
 # The common put in one statement: create, or replace a live value that is not
@@ -71,51 +74,67 @@ _EXTEND = """UPDATE kv SET version = ?4, length = ?5, size = ?6, updated_at = ?7
               WHERE kind = ?1 AND scope_id = ?2 AND key = ?3"""
 _NEW_LIST = "UPDATE list_seq SET last = last + 1 RETURNING last"
 _ADD_ITEMS = "INSERT INTO list_item (list_id, idx, item) VALUES (?, ?, ?)"
-_DROP_ITEMS = "DELETE FROM list_item WHERE list_id = ?"
 _FORGET = """INSERT INTO kv_deleted (kind, scope_id, key, version) VALUES (?, ?, ?, ?)
              ON CONFLICT DO UPDATE SET version = excluded.version"""
 
 
-def _remove(c: Conn, kind: str, sid: str, key: str, version: int,
-            list_id: int | None, op: str) -> None:
-    """Delete a key's row (and a list's items), remembering its version; record ``op``."""
+def _remove(c: Conn, kind: str, sid: str, key: str, row: Row, op: str) -> None:
+    """Delete a key's row (``row``: as _FIND reads it), remembering its version; record
+    ``op``, keeping the row as what it removed (a list's items stay for it: SPEC §17)."""
+    version, list_id = row[0], row[2]
+    kept = history.on(c)
     if list_id is not None:
-        c.execute(_DROP_ITEMS, (list_id,))
+        history.release_list(c, list_id, kept)
     c.execute("DELETE FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3", (kind, sid, key))
     c.execute(_FORGET, (kind, sid, key, version + 1))
-    feed.record(c, "kv", op, kind, sid, key, version)
+    seq = feed.record(c, "kv", op, kind, sid, key, version)
+    if kept:
+        history.keep(c, seq, row)
 
 
 def _settle(c: Conn, kind: str, sid: str, key: str, now: float) -> Row | None:
-    """The key's live row (version, type, list_id, length, size, expires_at), or None;
-    an expired row met here is expired for good first."""
+    """The key's live row (version, type, list_id, length, size, expires_at, value,
+    updated_at), or None; an expired row met here is expired for good first."""
     row = c.execute(_FIND, (kind, sid, key)).fetchone()
     if row is not None and row[5] is not None and row[5] <= now:
-        _remove(c, kind, sid, key, row[0], row[2], "expire")
+        _remove(c, kind, sid, key, row, "expire")
         return None
     return row
 
 
 # Positional parameters: binding a tuple is ~0.3 µs cheaper than a dict of names
 # (benchmarks/PYTHON-COST.md), and get is the hottest read.
+# A list made from another (a negative list_id: history.based_list) reads its items
+# through its base; every other list, here.
 _GET = """SELECT type, value, version,
                  CASE type WHEN 'list' THEN
-                   (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
-                    WHERE list_id = kv.list_id)
+                   iif(list_id > 0, (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
+                                     WHERE list_id = kv.list_id), -list_id)
                  END
           FROM kv WHERE kind = ?1 AND scope_id = ?2 AND key = ?3
                     AND (expires_at IS NULL OR expires_at > ?4)"""
 
 
+def _based(c: Conn, row: Row, at: int = 3) -> Row:
+    """A row whose list is made from another (its items column holds -list_id) with its
+    items read through the base."""
+    if type(row[at]) is not int:
+        return row
+    list_id = -row[at]
+    length = c.execute("SELECT length FROM kv WHERE list_id = ?", (list_id,)).fetchone()[0]
+    return (*row[:at], ",".join(history.list_items(c, list_id, 0, length, None)), *row[at + 1:])
+
+
 def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
-    return c.execute(_GET, (kind, sid, key, time.time())).fetchone()
+    row = c.execute(_GET, (kind, sid, key, time.time())).fetchone()
+    return row if row is None or row[0] != "list" else _based(c, row)
 
 
 _MANY = """SELECT key, type, value, version,
                   CASE type WHEN 'list' THEN
-                    (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
-                     WHERE list_id = kv.list_id)
+                    iif(list_id > 0, (SELECT group_concat(item, ',' ORDER BY idx) FROM list_item
+                                      WHERE list_id = kv.list_id), -list_id)
                   END
            FROM kv WHERE kind = ?1 AND scope_id = ?2 AND {where}
                      AND (expires_at IS NULL OR expires_at > ?4)
@@ -141,7 +160,7 @@ def _page(sql: tuple[str, str], c: Conn, args: tuple[Any, ...]) -> list[Row]:
     statement, so its items are of the same snapshot as its rows."""
     rows = c.execute(sql[0], args).fetchall()
     if any(r[1] == "list" for r in rows):
-        rows = c.execute(sql[1], args).fetchall()
+        rows = [_based(c, r, 4) for r in c.execute(sql[1], args).fetchall()]
     return rows
 
 
@@ -236,6 +255,8 @@ def put(
     args = {"kind": kind, "sid": sid, "key": key, "type": type_, "value": value, "size": size,
             "stamp": now_iso(), "now": now, "keep": keep, "expires": None if keep else expires}
     if items is None:  # one statement, unless a list or an expired row is replaced or CAS failed
+        # what it replaces, when history is kept (a row the statement below may not take)
+        old = c.execute(_FIND_KEPT, (kind, sid, key)).fetchone()
         if if_version is None and not keep:
             done = c.execute(_UPSERT, args).fetchone()
         elif if_version == 0:
@@ -245,21 +266,21 @@ def put(
         else:
             done = None
         if done is not None:
-            feed.record(c, "kv", "put", kind, sid, key, done[0], at=args["stamp"])
+            seq = feed.record(c, "kv", "put", kind, sid, key, done[0], at=args["stamp"])
+            history.keep(c, seq, old)
             return done[0]
     row = _settle(c, kind, sid, key, now)
     current = row[0] if row else 0
     if if_version is not None and if_version != current:
         raise conflict(f"put {kind}:{sid} {key}", if_version, current)
-    list_id = row[2] if row else None
-    if list_id is not None:
-        c.execute(_DROP_ITEMS, (list_id,))
+    kept = row is not None and history.on(c)
+    if row is not None and row[2] is not None:  # a list replaced: its items go, or stay for
+        history.release_list(c, row[2], kept)  # what it was (and a new value is another list)
     if items is None:
         list_id = length = None
     else:
         length = len(items)
-        if list_id is None:
-            list_id = c.execute(_NEW_LIST).fetchone()[0]
+        list_id = c.execute(_NEW_LIST).fetchone()[0]
         _add_items(c, list_id, 0, items)
     args.update(list_id=list_id, length=length)
     if row is None:
@@ -268,7 +289,9 @@ def put(
         c.execute(_REPLACE, args)
         version = current + 1
     start, count = (0, length) if items is not None else (None, None)
-    feed.record(c, "kv", "put", kind, sid, key, version, start, count, at=args["stamp"])
+    seq = feed.record(c, "kv", "put", kind, sid, key, version, start, count, at=args["stamp"])
+    if kept:
+        history.keep(c, seq, row)
     return version
 
 
@@ -280,7 +303,7 @@ def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bo
         raise conflict(f"delete {kind}:{sid} {key}", if_version, current)
     if row is None:
         return False
-    _remove(c, kind, sid, key, current, row[2], "delete")
+    _remove(c, kind, sid, key, row, "delete")
     return True
 
 
@@ -325,7 +348,9 @@ def append(
         list_id, version = row[2], row[0] + 1
         c.execute(_EXTEND, (kind, sid, key, version, length + n, new_size, stamp, keep, expires))
     _add_items(c, list_id, length, items)
-    feed.record(c, "kv", "append", kind, sid, key, version, length, n, at=stamp)
+    seq = feed.record(c, "kv", "append", kind, sid, key, version, length, n, at=stamp)
+    if row is not None and history.on(c):  # the list as it was: its list and length
+        history.keep(c, seq, row)
     return length + n, version
 
 
@@ -334,19 +359,14 @@ def pop(c: Conn, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]
     row = _settle(c, kind, sid, key, time.time())
     if row is None:
         return [], 0
-    version, type_, list_id, length, size, _expires = row
+    version, type_, list_id, length, size = row[:5]
     if type_ != "list":
         raise NotAList(f"{kind}:{sid} {key} holds a {type_} value, not a list")
     k = min(n, length)
     if k == 0:
         return [], version
-    rows = c.execute(
-        "DELETE FROM list_item WHERE list_id = ? AND idx >= ? RETURNING idx, item",
-        (list_id, length - k),
-    ).fetchall()
-    rows.sort()
-    removed = [r[1] for r in rows]
     left = length - k
+    removed = history.list_items(c, list_id, left, length, None)
     # The JSON of the list loses the items' bytes and one comma each (SPEC §2 size).
     new_size = 2 if left == 0 else size - sum(len(t.encode("utf-8")) for t in removed) - k
     stamp = now_iso()
@@ -355,7 +375,11 @@ def pop(c: Conn, kind: str, sid: str, key: str, n: int) -> tuple[list[str], int]
            WHERE kind = ?1 AND scope_id = ?2 AND key = ?3""",
         (kind, sid, key, version + 1, left, new_size, stamp),
     )
-    feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k, at=stamp)
+    seq = feed.record(c, "kv", "pop", kind, sid, key, version + 1, left, k, at=stamp)
+    kept = history.on(c)
+    history.pop_items(c, list_id, left, removed, seq, kept)
+    if kept:
+        history.keep(c, seq, row)
     return removed, version + 1
 
 
@@ -363,6 +387,7 @@ def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | No
     """Set a live key's expiry ``ttl`` seconds from now (None: never), value and version
     unchanged; its version, or None when absent."""
     now = time.time()
+    old = c.execute(_FIND_KEPT, (kind, sid, key)).fetchone()  # its expiry as it was (history)
     row = c.execute(
         f"""UPDATE kv SET expires_at = :expires
             WHERE kind = :kind AND scope_id = :sid AND key = :key AND {_LIVE}
@@ -372,7 +397,7 @@ def touch(c: Conn, kind: str, sid: str, key: str, ttl: float | None) -> int | No
     ).fetchone()
     if row is None:
         return None
-    feed.record(c, "kv", "touch", kind, sid, key, row[0])
+    history.keep(c, feed.record(c, "kv", "touch", kind, sid, key, row[0]), old)
     return row[0]
 
 
@@ -389,7 +414,7 @@ def slice_items(
 ) -> list[str] | None:
     """Item texts of list[start:stop] in one statement; None when not a list."""
     rows = c.execute(
-        """SELECT k.type, i.item FROM kv k
+        """SELECT k.type, i.item, k.list_id, k.length FROM kv k
            LEFT JOIN list_item i ON i.list_id = k.list_id
              AND i.idx >= (CASE WHEN ?4 < 0 THEN k.length + ?4 ELSE ?4 END)
              AND i.idx < (CASE WHEN ?5 IS NULL THEN k.length
@@ -403,6 +428,9 @@ def slice_items(
         return []
     if rows[0][0] != "list":
         return None
+    if rows[0][2] < 0:  # made from another list: read through its base
+        a, b, _ = slice(start, stop).indices(rows[0][3])
+        return history.list_items(c, rows[0][2], a, b, None)
     return [r[1] for r in rows if r[1] is not None]
 
 
@@ -445,12 +473,12 @@ def _range(prefix: str, after: str | None) -> tuple[str, str, str]:
 def drop_scope(c: Conn, kind: str, sid: str) -> None:
     """Delete every key of a scope (and list items), remembering versions; a change each."""
     now = time.time()
-    for key, version, list_id, expires in c.execute(
-        "SELECT key, version, list_id, expires_at FROM kv WHERE kind = ?1 AND scope_id = ?2",
-        (kind, sid),
+    for key, *row in c.execute(
+        "SELECT key, version, type, list_id, length, size, expires_at, value, updated_at "
+        "FROM kv WHERE kind = ?1 AND scope_id = ?2", (kind, sid),
     ).fetchall():
-        _remove(c, kind, sid, key, version, list_id,
-                "expire" if expires is not None and expires <= now else "delete")
+        _remove(c, kind, sid, key, tuple(row),
+                "expire" if row[5] is not None and row[5] <= now else "delete")
 
 
 def purge_expired(c: Conn, now: float, batch: int) -> int:
@@ -458,13 +486,14 @@ def purge_expired(c: Conn, now: float, batch: int) -> int:
     # The batch as a literal: with LIMIT ? this statement took ~8 us instead of ~3.5
     # (benchmarks/PYTHON-COST.md), and it runs in every housekeeping step.
     rows = c.execute(
-        f"""SELECT kind, scope_id, key, version, list_id FROM kv
+        f"""SELECT kind, scope_id, key, version, type, list_id, length, size, expires_at, value,
+                   updated_at FROM kv
             WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at
             LIMIT {int(batch)}""",
         (now,),
     ).fetchall()
-    for kind, sid, key, version, list_id in rows:
-        _remove(c, kind, sid, key, version, list_id, "expire")
+    for kind, sid, key, *row in rows:
+        _remove(c, kind, sid, key, tuple(row), "expire")
     return len(rows)
 
 

@@ -144,5 +144,13 @@ def _v4_to_v5(c: apsw.Connection, schema: str) -> None:
     c.execute("INSERT INTO store DEFAULT VALUES")
 
 
+def _v5_to_v6(c: apsw.Connection, schema: str) -> None:
+    """0.4: value history (SPEC §17). History starts now: nothing before is kept."""
+    for name in ("kv_history", "kv_history_list", "change_by_key", "list_gone", "list_base",
+                 "list_base_of", "list_dead", "history_head"):
+        c.execute(schema_object(schema, name))
+    c.execute("INSERT INTO history_head SELECT coalesce(max(seq), 0) FROM change")
+
+
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
