@@ -7,6 +7,7 @@ from ._batch import Batch
 from ._calls import NOT_RUN, Claim
 from ._changes import Change
 from ._database import Database, open
+from ._past import Diff, Past, Revision
 from .backends.base import KEEP
 from .backends.remote import connect
 from ._runs import Record, RunHead, RunStore, SavedState
@@ -57,12 +58,15 @@ __all__ = [
     "Closed",
     "Damaged",
     "Database",
+    "Diff",
     "Forbidden",
+    "Past",
     "Principal",
     "SessionInfo",
     "Sessions",
     "Turn",
     "Record",
+    "Revision",
     "RunHead",
     "RunStore",
     "SavedState",

@@ -32,6 +32,11 @@ class Change(NamedTuple):
     count: int | None  # type: ignore[assignment]  # a field (SPEC §9), over tuple.count
 
 
+def parse_at(at: Any) -> datetime:
+    """A change's time as a backend gives it (ISO text, or a datetime already)."""
+    return at if isinstance(at, datetime) else datetime.fromisoformat(at)
+
+
 def change(row: tuple[Any, ...]) -> Change:
     seq, at, *rest = row
     return Change(seq, at if isinstance(at, datetime) else datetime.fromisoformat(at), *rest)

@@ -6,15 +6,16 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import _batch, _changes, _grants
+from . import _batch, _changes, _grants, _past
 from ._batch import Batch
 from ._changes import Change
 from ._encoding import check_key, fs_path
+from ._past import Diff, Past
 from ._scope import Scope, State
 from ._runs import RunStore
 from ._sessions import Principal, Sessions
@@ -115,6 +116,37 @@ class Database:
         finally:
             _batch._open.reset(token)
         b.apply()
+
+    # -- the past (SPEC §17) ---------------------------------------------------
+
+    def as_of(self, seq: int) -> AbstractContextManager[Past]:
+        """The store as it was right after change ``seq`` committed, read-only: ``with
+        db.as_of(seq) as past: past.scope(kind, id).get(key)`` (get, get_versioned,
+        get_many, items, list, slice, length, expires_at; a write is UsageError). A key
+        that did not exist yet, was deleted or had expired by then reads as absent.
+
+        :raises CursorExpired: the history kept does not reach back to ``seq``.
+        :raises InvalidValue: ``seq`` is past the newest change.
+        """
+        self._check_open()
+        return _past.as_of(self._ops, seq)
+
+    def diff(self, since: int, until: int | None = None, *, kind: str | None = None,
+             scope_id: str | None = None, key: str | None = None) -> list[Diff]:
+        """Every key changed after change ``since`` up to ``until`` (default: the newest),
+        ordered by kind, scope id and key: ``Diff(kind, scope_id, key, before, after)``,
+        each a ``Versioned`` (absent: ``(None, 0)``); a key changed and changed back is
+        listed with equal values. Filters as in the feed.
+
+        :raises CursorExpired: the history kept does not reach back to ``since``.
+        :raises InvalidValue: a seq past the newest change, or ``until`` before ``since``.
+        """
+        self._check_open()
+        _changes.check_since(since, 1)
+        if until is not None:
+            _changes.check_since(until, 1)
+        flt = _changes.filters(None, kind, scope_id, key)
+        return _past.diff_rows(self._ops.diff(since, until, flt))
 
     # -- the change feed (SPEC §9) -------------------------------------------
 

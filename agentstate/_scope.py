@@ -108,6 +108,33 @@ class Scope:
     def __repr__(self) -> str:
         return f"<Scope {self.kind}:{self.id}>"
 
+    # -- the past (SPEC §17) -------------------------------------------------------------
+
+    def history(self, key: str, *, since: int | None = None, before: int | None = None,
+                limit: int | None = None) -> builtins.list[Any]:
+        """The key's kept revisions, newest first: ``Revision(seq, version, op, at,
+        value)`` for each change of it still kept (``value``: what it held after that
+        change; None after a delete or an expiry). ``since``: only changes after that seq;
+        ``before``: only changes before it (the next page of older ones); ``limit``: at
+        most that many."""
+        from ._past import history
+
+        return history(self._ops, self.kind, self.id, key, since, before, limit)
+
+    def restore(self, at: int, *, keys: Iterable[str] | None = None, fence: Any = None) -> int:
+        """Put the scope's keys (or only ``keys``) back as they were right after change
+        ``at``, as new versions, in one transaction, recorded in the feed like any write;
+        a key made since is deleted. A restored key does not expire. Returns how many keys
+        changed.
+
+        :raises CursorExpired: the history kept does not reach back to ``at``.
+        :raises InvalidValue: ``at`` is past the newest change.
+        :raises LeaseLost: ``fence``'s turn lost its lease; nothing changed.
+        """
+        check_int("at", at)
+        wanted = None if keys is None else [check_key(k) for k in keys]
+        return self._writer(fence).kv_restore(self.kind, self.id, at, wanted)
+
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when absent."""
         check_key(key)
@@ -355,6 +382,8 @@ class Scope:
     aget_many = async_twin(get_many)
     aitems = async_twin(items)
     aclear = async_twin(clear)
+    ahistory = async_twin(history)
+    arestore = async_twin(restore)
 
     async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None,
                       fence: Any = None) -> Any:

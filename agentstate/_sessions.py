@@ -150,6 +150,25 @@ class Sessions:
         meta = encode(metadata or {})[0]
         return _info(self._ops.session_create(p.name, meta))
 
+    def fork(self, session_id: str, principal: Principal, *, at: int | None = None,
+             metadata: dict[str, Any] | None = None) -> SessionInfo:
+        """A new session owned by ``principal`` whose state is the session's right after
+        change ``at`` (default: now), with no turns (SPEC §17); ``metadata`` defaults to the
+        original's. Cheap whatever the session holds: its lists are shared until written,
+        and a write to either session never changes the other.
+
+        :raises NotFound: unknown, or not this principal's (unless admin).
+        :raises CursorExpired: the history kept does not reach back to ``at``.
+        :raises InvalidValue: ``at`` is past the newest change.
+        """
+        p = self._check(session_id, principal)
+        if at is not None:
+            check_int("at", at)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidValue("metadata must be a dict")
+        meta = None if metadata is None else encode(metadata)[0]
+        return _info(self._ops.session_fork(session_id, p.name, p.admin, at, meta))
+
     def get(self, session_id: str, principal: Principal) -> SessionInfo:
         """:raises NotFound: unknown, or not this principal's (unless admin)."""
         p = self._check(session_id, principal)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from .._encoding import decode
 from .._grants import Rule
 from ..errors import Forbidden, InvalidTransition, LeaseLost, NotFound, RunNotFound, UsageError
+from . import past
 from .base import TOKEN_ID, Backend, Filters, Row, Sets, Stored, Ttl, iso
 from .grants import Readable
 from .leases import SETTLED, call_state, claim_count, claim_live, effective_status
@@ -47,6 +48,7 @@ class LocalOps:
     """Operations on a database this process holds."""
 
     def __init__(self, backend: Backend) -> None:
+        self.backend = backend
         self.store = backend.store
         self.kv, self.runs, self.sessions = backend.kv, backend.runs, backend.sessions
         self.feed, self.tokens, self.admin = backend.feed, backend.tokens, backend.admin
@@ -147,8 +149,11 @@ class LocalOps:
 
     # -- keys -----------------------------------------------------------------
 
-    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
+    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False,
+               as_of: int | None = None) -> Row | None:
         """(type, stored, version, joined list items); ``raw``: the caller wants bytes."""
+        if as_of is not None:
+            return self._past(past.get, kind, sid, key, as_of)
         return self._read(self.kv.get, kind, sid, key)
 
     def kv_put(self, kind: str, sid: str, key: str, type_: str, stored: Stored, size: int,
@@ -168,30 +173,66 @@ class LocalOps:
     def kv_touch(self, kind: str, sid: str, key: str, ttl: float | None) -> bool:
         return self._write(self.kv.touch, kind, sid, key, ttl) is not None
 
-    def kv_expires_at(self, kind: str, sid: str, key: str) -> float | None:
+    def kv_expires_at(self, kind: str, sid: str, key: str,
+                      as_of: int | None = None) -> float | None:
+        if as_of is not None:
+            return self._past(past.expires_at, kind, sid, key, as_of)
         row = self._read(self.kv.expires_at, kind, sid, key)
         return None if row is None else row[0]
 
     def kv_slice(self, kind: str, sid: str, key: str, start: int,
-                 stop: int | None) -> list[str] | None:
+                 stop: int | None, as_of: int | None = None) -> list[str] | None:
+        if as_of is not None:
+            return self._past(past.slice_items, kind, sid, key, start, stop, as_of)
         return self._read(self.kv.slice_items, kind, sid, key, start, stop)
 
-    def kv_length(self, kind: str, sid: str, key: str) -> int | None:
+    def kv_length(self, kind: str, sid: str, key: str, as_of: int | None = None) -> int | None:
+        if as_of is not None:
+            return self._past(past.length, kind, sid, key, as_of)
         return self._read(self.kv.length, kind, sid, key)
 
     def kv_keys(self, kind: str, sid: str, prefix: str, after: str | None,
-                limit: int | None) -> list[str]:
+                limit: int | None, as_of: int | None = None) -> list[str]:
+        if as_of is not None:
+            return self._past(past.keys, kind, sid, prefix, after, limit, as_of)
         return self._read(self.kv.keys, kind, sid, prefix, after, limit)
 
-    def kv_get_many(self, kind: str, sid: str, keys: list[str]) -> list[Row]:
+    def kv_get_many(self, kind: str, sid: str, keys: list[str],
+                    as_of: int | None = None) -> list[Row]:
+        if as_of is not None:
+            return self._past(past.get_many, kind, sid, keys, as_of)
         return self._read(self.kv.get_many, kind, sid, keys)
 
     def kv_items(self, kind: str, sid: str, prefix: str, after: str | None,
-                 limit: int | None) -> list[Row]:
+                 limit: int | None, as_of: int | None = None) -> list[Row]:
+        if as_of is not None:
+            return self._past(past.items, kind, sid, prefix, after, limit, as_of)
         return self._read(self.kv.items, kind, sid, prefix, after, limit)
 
     def kv_clear(self, kind: str, sid: str) -> int:
         return self._write(self.kv.clear, kind, sid)
+
+    # -- the past (SPEC §17) ---------------------------------------------------
+
+    def _past(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(backend, connection, *args)`` of ``past`` in one snapshot: the past a read
+        finds cannot be purged under it."""
+        with self.store.snapshot() as c:
+            return fn(self.backend, c, *args)
+
+    def kv_history(self, kind: str, sid: str, key: str, since: int, before: int | None,
+                   limit: int | None) -> list[Row]:
+        return self._past(past.revisions, kind, sid, key, since, before, limit)
+
+    def diff(self, since: int, until: int | None, flt: Filters) -> list[Row]:
+        return self._past(past.diff, since, until, flt)
+
+    def kv_restore(self, kind: str, sid: str, seq: int, keys: list[str] | None) -> int:
+        return self._write(self._restore, kind, sid, seq, keys)
+
+    def _restore(self, c: Any, kind: str, sid: str, seq: int, keys: list[str] | None) -> int:
+        past.moment(self.backend, c, seq)
+        return past.restore(self.backend, c, kind, sid, seq, keys)
 
     # -- vectors ---------------------------------------------------------------
 
@@ -340,6 +381,20 @@ class LocalOps:
     def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
         with self.store.snapshot() as c:
             return self.sessions.sessions(c, name, admin, after, limit)
+
+    def session_fork(self, session_id: str, name: str, admin: bool, seq: int | None,
+                     metadata: str | None) -> Row:
+        return self._write(self._fork_session, session_id, name, admin, seq, metadata)
+
+    def _fork_session(self, c: Any, session_id: str, name: str, admin: bool, seq: int | None,
+                      metadata: str | None) -> Row:
+        original = self.sessions.session_row(c, session_id, name, admin)
+        at = self.feed.head(c) if seq is None else seq
+        past.moment(self.backend, c, at)
+        row = self.sessions.create(c, f"s-{uuid.uuid4().hex}", name,
+                                   original[3] if metadata is None else metadata)
+        past.fork(self.backend, c, "session", session_id, row[0], at)
+        return row
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
         self._write(self._delete_session, session_id, name, admin)

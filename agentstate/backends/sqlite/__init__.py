@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..base import Backend
 from ..local import LocalOps
-from . import admin, feed, kv, runs, sessions, tokens
+from . import admin, feed, history, kv, runs, sessions, tokens
 from .store import Store
 
 __all__ = ["connect"]
@@ -24,4 +24,4 @@ def connect(path: str, durability: str, busy_timeout: float, vfs: str | None = N
     store = Store(path, durability, busy_timeout, vfs)
     store.housekeeping = admin.purge
     return LocalOps(Backend(store=store, kv=kv, runs=runs, sessions=sessions, feed=feed,
-                            tokens=tokens, admin=admin))
+                            tokens=tokens, admin=admin, history=history))

@@ -243,11 +243,13 @@ def put(
     items: list[str] | None,
     if_version: int | None,
     ttl: Any = None,
+    based: tuple[int, int] | None = None,
 ) -> int:
     """Write a value (``items`` for a list); return the new version.
 
     ``ttl``: seconds from now (the store's clock), None (never), or KEEP (the
-    key's current expiry).
+    key's current expiry). ``based``: (list_id, length) of a list made from another
+    (``put_based``), instead of ``items``.
     """
     now = time.time()
     keep = ttl == KEEP
@@ -278,6 +280,8 @@ def put(
         history.release_list(c, row[2], kept)  # what it was (and a new value is another list)
     if items is None:
         list_id = length = None
+    elif based is not None:
+        list_id, length = based
     else:
         length = len(items)
         list_id = c.execute(_NEW_LIST).fetchone()[0]
@@ -293,6 +297,13 @@ def put(
     if kept:
         history.keep(c, seq, row)
     return version
+
+
+def put_based(c: Conn, kind: str, sid: str, key: str, list_id: int, length: int,
+              size: int) -> int:
+    """Write a list made from another as it was (``history.based_list``'s id, SPEC §17: a
+    restore's, a fork's), as a put of a list: no item is copied. The new version."""
+    return put(c, kind, sid, key, "list", None, size, [], None, None, based=(list_id, length))
 
 
 def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
