@@ -219,6 +219,7 @@ CREATE TABLE list_gone (
     item    TEXT    NOT NULL,
     PRIMARY KEY (list_id, idx, seq)
 ) STRICT, WITHOUT ROWID;
+CREATE INDEX list_gone_seq ON list_gone (seq);  -- the purge goes through them in seq order
 
 -- Lists made from another list as it was right after a change (a fork's, a restore's:
 -- SPEC §17): below base_len an index reads the base list as of base_seq, unless this
@@ -239,9 +240,13 @@ CREATE INDEX list_base_of ON list_base (base_id);
 CREATE TABLE list_dead (list_id INTEGER PRIMARY KEY) STRICT;
 
 -- How far back the history is complete (one row): every change after floor has its
--- before-image kept. The purge moves it on; turning history on sets it to the head.
-CREATE TABLE history_head (floor INTEGER NOT NULL CHECK (floor >= 0)) STRICT;
-INSERT INTO history_head VALUES (0);
+-- before-image kept. The purge moves it on (and gone, how far it has looked at popped
+-- items); turning history on sets floor to the head.
+CREATE TABLE history_head (
+    floor INTEGER NOT NULL CHECK (floor >= 0),
+    gone  INTEGER NOT NULL DEFAULT 0
+) STRICT;
+INSERT INTO history_head (floor) VALUES (0);
 
 -- Settings every process of the file agrees on (SPEC §10); absent: the default.
 CREATE TABLE setting (

@@ -74,7 +74,7 @@ class PastOps:
     def __getattr__(self, name: str) -> Any:
         if name in _READS:
             read = getattr(self._ops, name)
-            return lambda *args: read(*args, as_of=self.seq)
+            return lambda *args, **kw: read(*args, **kw, as_of=self.seq)
         if name in ("check_open", "closed", "target"):
             return getattr(self._ops, name)
         raise UsageError(f"the store as of change {self.seq} is read-only: write to "

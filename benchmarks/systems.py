@@ -376,7 +376,7 @@ class ApswSameHandle(Handle):
 
         import agentstate
         from agentstate.backends import base
-        from agentstate.backends.sqlite import admin, feed, kv
+        from agentstate.backends.sqlite import admin, feed, history, kv
 
         self.file = os.path.join(path, "agentstate.db")
         agentstate.open(self.file, durability=durability).close()  # the schema
@@ -390,6 +390,7 @@ class ApswSameHandle(Handle):
         c.pragma("temp_store", "MEMORY")
         self.c, self.dur = c, durability
         self.kv, self.feed, self.admin, self.now_iso = kv, feed, admin, base.now_iso
+        self.history = history
         self.every = 8  # as Store.housekeep_every
         self.writes = 0
 
@@ -398,6 +399,13 @@ class ApswSameHandle(Handle):
         self.writes += 1
         if self.writes % self.every == 0:
             self.admin.purge(self.c)
+
+    def _keep(self, seq: int, old: Any) -> None:
+        """The before-image a write keeps (SPEC §17), as history.keep writes it."""
+        if old is not None:
+            version, type_, list_id, length, size, expires, value, updated = old
+            self.c.execute(self.history._KEEP, (seq, version, type_, value, list_id, length, size,
+                                                updated, expires))
 
     def _agentstate(self) -> Any:
         import agentstate
@@ -410,11 +418,14 @@ class ApswSameHandle(Handle):
         now, stamp = time.time(), self.now_iso()
         c.execute("BEGIN IMMEDIATE")
         try:
+            old = c.execute(kv._FIND_KEPT, (self.KIND, self.SID, key)).fetchone()
             v = c.execute(kv._UPSERT, {
                 "kind": self.KIND, "sid": self.SID, "key": key, "type": "json", "value": text,
                 "size": len(text) if text.isascii() else len(text.encode()), "stamp": stamp,
                 "now": now, "expires": None}).fetchone()[0]
-            c.execute(self.feed._RECORD, (stamp, "kv", "put", self.KIND, self.SID, key, v, None, None))
+            seq = c.execute(self.feed._RECORD, (stamp, "kv", "put", self.KIND, self.SID, key, v,
+                                                None, None)).fetchone()[0]
+            self._keep(seq, old)
             self._done()
         except BaseException:
             c.execute("ROLLBACK")
@@ -450,8 +461,11 @@ class ApswSameHandle(Handle):
                 "if_version": 0 if row is None else row[2]}
         c.execute("BEGIN IMMEDIATE")
         try:
+            old = c.execute(kv._FIND_KEPT, (self.KIND, self.SID, key)).fetchone()
             v = c.execute(kv._CREATE_IF_ABSENT if row is None else kv._REPLACE_AT, args).fetchone()[0]
-            c.execute(self.feed._RECORD, (stamp, "kv", "put", self.KIND, self.SID, key, v, None, None))
+            seq = c.execute(self.feed._RECORD, (stamp, "kv", "put", self.KIND, self.SID, key, v,
+                                                None, None)).fetchone()[0]
+            self._keep(seq, old)
             self._done()
         except BaseException:
             c.execute("ROLLBACK")
@@ -475,13 +489,15 @@ class ApswSameHandle(Handle):
         stamp = self.now_iso()
         c.execute("BEGIN IMMEDIATE")
         try:
-            version, _type, list_id, length, size, _exp = c.execute(
-                kv._FIND, (self.KIND, self.SID, key)).fetchone()
+            row = c.execute(kv._FIND, (self.KIND, self.SID, key)).fetchone()
+            version, _type, list_id, length, size = row[:5]
             c.execute(kv._EXTEND, (self.KIND, self.SID, key, version + 1, length + 1,
                                    size + len(text) + 1, stamp, True, None))
             c.execute(kv._ADD_ITEMS, (list_id, length, text))
-            c.execute(self.feed._RECORD, (stamp, "kv", "append", self.KIND, self.SID, key,
-                                          version + 1, length, 1))
+            seq = c.execute(self.feed._RECORD, (stamp, "kv", "append", self.KIND, self.SID, key,
+                                                version + 1, length, 1)).fetchone()[0]
+            if c.execute(f"SELECT {self.history._ON}").fetchone()[0]:
+                self._keep(seq, row)
             self._done()
         except BaseException:
             c.execute("ROLLBACK")
@@ -508,7 +524,8 @@ class ApswSameHandle(Handle):
             c.execute("""UPDATE run SET snapshot = coalesce(?1, snapshot), next_seq = ?2, updated_at = ?3
                          WHERE id = ?4 AND next_seq = ?5""", (snap, next_seq + 1, stamp, run, next_seq))
             c.execute("INSERT INTO run_entry (run_id, seq, entry) VALUES (?, ?, ?)", (run, next_seq, text))
-            c.execute(self.feed._RECORD, (stamp, "run", "write", None, run, None, None, next_seq, 1))
+            c.execute(self.feed._RECORD, (stamp, "run", "write", None, run, None, None, next_seq,
+                                          1)).fetchone()
             self._done()
         except BaseException:
             c.execute("ROLLBACK")

@@ -14,7 +14,8 @@ from agentstate.backends.remote import RemoteOps
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agentstate"
 REPOS = {"kv": base.KVRepo, "runs": base.RunsRepo, "sessions": base.SessionsRepo,
-         "feed": base.FeedRepo, "tokens": base.TokensRepo, "admin": base.AdminRepo}
+         "feed": base.FeedRepo, "tokens": base.TokensRepo, "admin": base.AdminRepo,
+         "history": base.HistoryRepo}
 MAX_LINES = 650  # "about 600"
 
 

@@ -207,7 +207,8 @@ def changed(c: Conn, since: int, until: int, flt: Filters) -> list[tuple[str, st
 
 def restart(c: Conn) -> None:
     """History (re)starts now: nothing before the head is known (SPEC §17)."""
-    c.execute("UPDATE history_head SET floor = (SELECT coalesce(max(seq), 0) FROM change)")
+    c.execute("UPDATE history_head SET floor = max(floor, (SELECT coalesce(max(seq), 0) "
+              "FROM change))")
 
 
 # Of the ?1 changes after the floor, those before the first one still within the
@@ -225,46 +226,59 @@ RETURNING floor"""
 
 
 def purge_step(c: Conn, cutoff: str, batch: int) -> int:
-    """Drop what no past read needs any more, up to ``batch`` rows of each kind: the
-    before-images of changes older than the retention (``cutoff``, ISO time), or older
-    than the oldest change the feed keeps; popped items no kept state or list made
-    from the list reads; the items of lists nothing refers to any more. How many rows."""
+    """Drop what no past read needs any more, a bounded amount: the before-images of
+    changes older than the retention (``cutoff``, ISO time) or than the oldest change the
+    feed keeps; popped items no list made from theirs reads; the items of lists nothing
+    refers to any more. How many rows went."""
     floor = c.execute(_MOVE_FLOOR, (batch, cutoff)).fetchone()[0]
     oldest = c.execute("SELECT min(seq) FROM change").fetchone()[0]
     if oldest is not None and oldest - 1 > floor:  # the feed's purge went further
-        c.execute("UPDATE history_head SET floor = ?", (oldest - 1,))
-        floor = oldest - 1
+        floor = c.execute("UPDATE history_head SET floor = ? RETURNING floor",
+                          (oldest - 1,)).fetchone()[0]
     gone = c.execute(
         "DELETE FROM kv_history WHERE seq IN (SELECT seq FROM kv_history WHERE seq <= ?1 "
         f"ORDER BY seq LIMIT {int(batch)}) RETURNING list_id", (floor,)).fetchall()
-    n = len(gone)
-    lists = {r[0] for r in gone if r[0] is not None}
-    c.executemany("INSERT OR IGNORE INTO list_dead VALUES (?)", [(x,) for x in lists])
-    n += _purge_gone(c, floor, batch)
-    n += _purge_dead(c, batch)
-    return n
+    c.executemany("INSERT OR IGNORE INTO list_dead VALUES (?)",
+                  [(x,) for x in {r[0] for r in gone if r[0] is not None}])
+    return len(gone) + _purge_gone(c, floor, batch) + _purge_dead(c, batch)
+
+
+# A popped item is read by a list made from its list before the pop, below its length.
+_NEEDED = """EXISTS (SELECT 1 FROM list_base b WHERE b.base_id = g.list_id
+                     AND b.base_seq < g.seq AND b.base_len > g.idx)"""
 
 
 def _purge_gone(c: Conn, floor: int, batch: int) -> int:
-    """Popped items before the floor that no list made from theirs reads (one made after
-    the pop never had them; one made before it reads them)."""
+    """Popped items the history no longer needs (popped at or before the floor), looked at
+    once each in seq order from where the last step stopped (history_head.gone): those
+    no list made from theirs reads go; the others stay until such lists go (_purge_dead)."""
+    start = c.execute("SELECT gone FROM history_head").fetchone()[0]
     rows = c.execute(
-        f"""SELECT g.list_id, g.idx, g.seq FROM list_gone g WHERE g.seq <= ?1
-              AND NOT EXISTS (SELECT 1 FROM list_base b WHERE b.base_id = g.list_id
-                              AND b.base_seq < g.seq AND b.base_len > g.idx)
-            LIMIT {int(batch)}""", (floor,)).fetchall()
-    c.executemany("DELETE FROM list_gone WHERE list_id = ? AND idx = ? AND seq = ?", rows)
-    return len(rows)
+        f"""SELECT g.list_id, g.idx, g.seq, {_NEEDED} FROM list_gone g
+            WHERE g.seq > ?1 AND g.seq <= ?2 ORDER BY g.seq LIMIT {int(batch)}""",
+        (start, floor)).fetchall()
+    c.executemany("DELETE FROM list_gone WHERE list_id = ? AND idx = ? AND seq = ?",
+                  [r[:3] for r in rows if not r[3]])
+    # All of the window looked at, or up to the seq before the last one seen (it may have more).
+    done = floor if len(rows) < batch else rows[-1][2] - 1
+    c.execute("UPDATE history_head SET gone = max(gone, ?)", (done,))
+    return sum(1 for r in rows if not r[3])
 
 
 def _purge_dead(c: Conn, batch: int) -> int:
-    """Empty, a bounded amount at a time, the lists nothing refers to any more."""
+    """Lists that may have lost a reader (list_dead), a bounded amount at a time: one that
+    nothing refers to any more is emptied; one still referred to loses the popped items,
+    already past the history, that no list made from it reads any more."""
     n = 0
     for (list_id,) in c.execute(f"SELECT list_id FROM list_dead LIMIT {int(batch)}").fetchall():
         if c.execute("""SELECT EXISTS (SELECT 1 FROM kv WHERE list_id = ?1)
                            OR EXISTS (SELECT 1 FROM kv_history WHERE list_id = ?1)
                            OR EXISTS (SELECT 1 FROM list_base WHERE base_id = ?1)""",
                      (list_id,)).fetchone()[0]:
+            c.execute(f"""DELETE FROM list_gone AS g WHERE g.list_id = ?1
+                          AND g.seq <= (SELECT gone FROM history_head) AND NOT {_NEEDED}""",
+                      (list_id,))
+            n += c.changes()
             c.execute("DELETE FROM list_dead WHERE list_id = ?", (list_id,))
             continue
         c.execute(f"""DELETE FROM list_item WHERE list_id = ?1 AND idx IN (
@@ -272,7 +286,7 @@ def _purge_dead(c: Conn, batch: int) -> int:
                   (list_id,))
         n += c.changes()
         if c.execute("SELECT 1 FROM list_item WHERE list_id = ?", (list_id,)).fetchone() is None:
-            _drop_list(c, list_id)
+            _drop_list(c, list_id)  # its popped items, its base row (the base then queued)
             c.execute("DELETE FROM list_dead WHERE list_id = ?", (list_id,))
         if n >= batch:
             break

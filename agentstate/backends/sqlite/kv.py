@@ -243,14 +243,20 @@ def put(
     items: list[str] | None,
     if_version: int | None,
     ttl: Any = None,
-    based: tuple[int, int] | None = None,
 ) -> int:
     """Write a value (``items`` for a list); return the new version.
 
     ``ttl``: seconds from now (the store's clock), None (never), or KEEP (the
-    key's current expiry). ``based``: (list_id, length) of a list made from another
-    (``put_based``), instead of ``items``.
+    key's current expiry).
     """
+    return _put(c, kind, sid, key, type_, value, size, items, if_version, ttl, None)
+
+
+def _put(c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: int,
+         items: list[str] | None, if_version: int | None, ttl: Any,
+         based: tuple[int, int] | None) -> int:
+    """``put``; ``based``: (list_id, length) of a list made from another (``put_based``),
+    instead of ``items``."""
     now = time.time()
     keep = ttl == KEEP
     expires = None if keep or ttl is None else now + ttl
@@ -303,7 +309,7 @@ def put_based(c: Conn, kind: str, sid: str, key: str, list_id: int, length: int,
               size: int) -> int:
     """Write a list made from another as it was (``history.based_list``'s id, SPEC §17: a
     restore's, a fork's), as a put of a list: no item is copied. The new version."""
-    return put(c, kind, sid, key, "list", None, size, [], None, None, based=(list_id, length))
+    return _put(c, kind, sid, key, "list", None, size, [], None, None, (list_id, length))
 
 
 def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:

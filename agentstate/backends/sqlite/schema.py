@@ -146,10 +146,10 @@ def _v4_to_v5(c: apsw.Connection, schema: str) -> None:
 
 def _v5_to_v6(c: apsw.Connection, schema: str) -> None:
     """0.4: value history (SPEC §17). History starts now: nothing before is kept."""
-    for name in ("kv_history", "kv_history_list", "change_by_key", "list_gone", "list_base",
-                 "list_base_of", "list_dead", "history_head"):
+    for name in ("kv_history", "kv_history_list", "change_by_key", "list_gone", "list_gone_seq",
+                 "list_base", "list_base_of", "list_dead", "history_head"):
         c.execute(schema_object(schema, name))
-    c.execute("INSERT INTO history_head SELECT coalesce(max(seq), 0) FROM change")
+    c.execute("INSERT INTO history_head (floor) SELECT coalesce(max(seq), 0) FROM change")
 
 
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {
