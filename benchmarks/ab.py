@@ -56,7 +56,7 @@ class _Stub:
 
     in_transaction = False
     _rows = (("SELECT type, value", ("json", "1", 1, None)),
-             ("SELECT version, type", (1, "list", 1, 1, 10, None)),
+             ("SELECT version, type", (1, "list", 1, 1, 10, None, None, "2026-01-01T00:00:00.000000Z")),
              ("SELECT next_seq", (0, 0)),
              ("", (1,)))
 
