@@ -400,12 +400,12 @@ class ApswSameHandle(Handle):
         if self.writes % self.every == 0:
             self.admin.purge(self.c)
 
-    def _keep(self, seq: int, old: Any) -> None:
+    def _keep(self, seq: int, old: Any, sql: str | None = None) -> None:
         """The before-image a write keeps (SPEC §17), as history.keep writes it."""
         if old is not None:
             version, type_, list_id, length, size, expires, value, updated = old
-            self.c.execute(self.history._KEEP, (seq, version, type_, value, list_id, length, size,
-                                                updated, expires))
+            self.c.execute(sql or self.history._KEEP, (seq, version, type_, value, list_id, length,
+                                                       size, updated, expires))
 
     def _agentstate(self) -> Any:
         import agentstate
@@ -496,8 +496,7 @@ class ApswSameHandle(Handle):
             c.execute(kv._ADD_ITEMS, (list_id, length, text))
             seq = c.execute(self.feed._RECORD, (stamp, "kv", "append", self.KIND, self.SID, key,
                                                 version + 1, length, 1)).fetchone()[0]
-            if c.execute(f"SELECT {self.history._ON}").fetchone()[0]:
-                self._keep(seq, row)
+            self._keep(seq, row, self.history._KEEP_IF_ON)
             self._done()
         except BaseException:
             c.execute("ROLLBACK")

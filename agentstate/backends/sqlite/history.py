@@ -29,6 +29,8 @@ _ON = ("NOT EXISTS (SELECT 1 FROM setting WHERE name IN ('history_retention', 'f
 _KEEP = """INSERT INTO kv_history (seq, version, type, value, list_id, length, size, updated_at,
                                    expires_at)
            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"""
+_KEEP_IF_ON = _KEEP.replace("VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                            f"SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 WHERE {_ON}")
 _NEW_LIST = "UPDATE list_seq SET last = last + 1 RETURNING last"
 
 
@@ -39,12 +41,14 @@ def on(c: Conn) -> bool:
     return c.execute(f"SELECT {_ON}").fetchone()[0] == 1
 
 
-def keep(c: Conn, seq: int | None, old: State | None) -> None:
+def keep(c: Conn, seq: int | None, old: State | None, if_on: bool = False) -> None:
     """Keep ``old`` (a live state a change replaced or removed) as change ``seq``'s
-    before-image; nothing when the feed is off (no seq) or nothing was there."""
+    before-image; nothing when the feed is off (no seq) or nothing was there. ``if_on``:
+    only if history is on (asked in the same statement)."""
     if seq is not None and old is not None:
         version, type_, list_id, length, size, expires, value, updated = old
-        c.execute(_KEEP, (seq, version, type_, value, list_id, length, size, updated, expires))
+        c.execute(_KEEP_IF_ON if if_on else _KEEP,
+                  (seq, version, type_, value, list_id, length, size, updated, expires))
 
 
 def needed(c: Conn, list_id: int) -> bool:

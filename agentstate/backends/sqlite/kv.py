@@ -366,8 +366,7 @@ def append(
         c.execute(_EXTEND, (kind, sid, key, version, length + n, new_size, stamp, keep, expires))
     _add_items(c, list_id, length, items)
     seq = feed.record(c, "kv", "append", kind, sid, key, version, length, n, at=stamp)
-    if row is not None and history.on(c):  # the list as it was: its list and length
-        history.keep(c, seq, row)
+    history.keep(c, seq, row, if_on=True)  # the list as it was: its list and length
     return length + n, version
 
 
