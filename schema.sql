@@ -210,8 +210,8 @@ CREATE INDEX kv_history_list ON kv_history (list_id) WHERE list_id IS NOT NULL;
 -- A key's changes in order: where its past is found (the first change after a seq).
 CREATE INDEX change_by_key ON change (kind, scope_id, key, seq) WHERE topic = 'kv';
 
--- Items a pop removed, by the pop's seq: what a past state of the list (or a list made
--- from it) still reads at that index, for as long as something may read it.
+-- Items a pop removed, by the pop's seq: what a past state of the list still reads at
+-- that index, for as long as the history is kept.
 CREATE TABLE list_gone (
     list_id INTEGER NOT NULL,
     idx     INTEGER NOT NULL,
@@ -221,16 +221,16 @@ CREATE TABLE list_gone (
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX list_gone_seq ON list_gone (seq);  -- the purge goes through them in seq order
 
--- Lists made from another list as it was right after a change (a fork's, a restore's:
--- SPEC §17): below base_len an index reads the base list as of base_seq, unless this
--- list's own items (or its pops) say otherwise. So a fork costs the same whatever the
--- list's length, and a write to either list never changes the other. Their ids are
--- negative (list_seq's are positive): a read of the present tells them apart at once.
+-- Lists made from another list as it was (a fork's, a restore's: SPEC §17): below
+-- base_len an index reads the base list, unless this list has an item of its own there.
+-- So a fork costs the same whatever the list's length, and a write to either list never
+-- changes the other: a pop of the base first gives each such list its own copy of the
+-- items it removes. Their ids are negative (list_seq's are positive): a read of the
+-- present tells them apart at once.
 CREATE TABLE list_base (
     list_id  INTEGER PRIMARY KEY CHECK (list_id < 0),
     base_id  INTEGER NOT NULL,
-    base_len INTEGER NOT NULL CHECK (base_len >= 0),
-    base_seq INTEGER NOT NULL
+    base_len INTEGER NOT NULL CHECK (base_len >= 0)
 ) STRICT;
 CREATE INDEX list_base_of ON list_base (base_id);
 
@@ -240,13 +240,9 @@ CREATE INDEX list_base_of ON list_base (base_id);
 CREATE TABLE list_dead (list_id INTEGER PRIMARY KEY) STRICT;
 
 -- How far back the history is complete (one row): every change after floor has its
--- before-image kept. The purge moves it on (and gone, how far it has looked at popped
--- items); turning history on sets floor to the head.
-CREATE TABLE history_head (
-    floor INTEGER NOT NULL CHECK (floor >= 0),
-    gone  INTEGER NOT NULL DEFAULT 0
-) STRICT;
-INSERT INTO history_head (floor) VALUES (0);
+-- before-image kept. The purge moves it on; turning history on sets it to the head.
+CREATE TABLE history_head (floor INTEGER NOT NULL CHECK (floor >= 0)) STRICT;
+INSERT INTO history_head VALUES (0);
 
 -- Settings every process of the file agrees on (SPEC §10); absent: the default.
 CREATE TABLE setting (

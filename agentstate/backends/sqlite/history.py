@@ -5,10 +5,12 @@ keyed by the change's seq) in the write's own transaction, while history is on. 
 state of a key right after change S is the before-image of its first change after S,
 or, if it has not changed since, its row in ``kv``; a change with no before-image
 created the key (it was absent). Lists are never copied: a before-image names its list
-and length, popped items move to ``list_gone`` (by the pop's seq), and a list made from
-another as it was (a fork's, a restore's: ``list_base``) reads its base below its base
-length. The purge (``purge_step``) drops before-images and items nothing can read any
-more, a bounded amount per write.
+and length, and popped items move to ``list_gone`` (by the pop's seq). A list made from
+another (a fork's, a restore's: ``list_base``) reads its base below its base length;
+a pop of the base first copies what it removes into each such list, so their items
+never change under them. The purge (``purge_step``) drops before-images and popped
+items past the retention, and empties lists nothing refers to any more, a bounded
+amount per write.
 """
 
 from __future__ import annotations
@@ -60,10 +62,8 @@ def release_list(c: Conn, list_id: int, kept: bool) -> None:
     """A list stopped being its key's value (replaced, deleted, expired). Kept in a
     before-image, or read by a list made from it: its items stay (the purge empties it
     once nothing reads it). Else they go now, as before history."""
-    if kept:
+    if kept or needed(c, list_id):
         return
-    if needed(c, list_id):
-        return  # its dependants read it; the purge checks it again when they go
     _drop_list(c, list_id)
 
 
@@ -75,23 +75,39 @@ def _drop_list(c: Conn, list_id: int) -> None:
         c.execute("INSERT OR IGNORE INTO list_dead VALUES (?)", (base[0],))
 
 
+# A pop's items, copied first into each list made from this one that reads them (below its
+# base length, where it has no item of its own): what it reads never changes.
+_GIVE = """INSERT INTO list_item (list_id, idx, item)
+           SELECT b.list_id, ?2, ?3 FROM list_base b
+           WHERE b.base_id = ?1 AND b.base_len > ?2
+             AND NOT EXISTS (SELECT 1 FROM list_item i WHERE i.list_id = b.list_id AND i.idx = ?2)"""
+
+
 def pop_items(c: Conn, list_id: int, left: int, items: list[str], seq: int | None,
               kept: bool) -> None:
-    """A pop's removal of ``items``, the list's items from index ``left`` on. Kept
-    (history on), or read by a list made from this one: they move to list_gone under the
-    pop's seq, where a past state (or that list) still reads them."""
+    """A pop's removal of ``items``, the list's items from index ``left`` on: lists made
+    from this one get their copies first; kept (history on), they move to list_gone under
+    the pop's seq, where a past state of the list still reads them."""
+    if needed(c, list_id):
+        c.executemany(_GIVE, [(list_id, left + i, t) for i, t in enumerate(items)])
     c.execute("DELETE FROM list_item WHERE list_id = ? AND idx >= ?", (list_id, left))
-    if seq is not None and (kept or needed(c, list_id)):
+    if seq is not None and kept:
         c.executemany("INSERT INTO list_gone (list_id, idx, seq, item) VALUES (?, ?, ?, ?)",
                       [(list_id, left + i, seq, t) for i, t in enumerate(items)])
 
 
 def based_list(c: Conn, base_id: int, base_len: int, base_seq: int) -> int:
-    """A new list that reads ``base_id`` as it was right after ``base_seq`` below
-    ``base_len`` (a fork's or a restore's: no item is copied); its (negative) id."""
+    """A new list that reads ``base_id`` as it was right after change ``base_seq``, below
+    ``base_len`` (a fork's or a restore's); its (negative) id. Nothing is copied but what
+    a pop of the base removed since then (the earliest such item of each index)."""
     list_id = -c.execute(_NEW_LIST).fetchone()[0]
-    c.execute("INSERT INTO list_base (list_id, base_id, base_len, base_seq) VALUES (?, ?, ?, ?)",
-              (list_id, base_id, base_len, base_seq))
+    c.execute("INSERT INTO list_base (list_id, base_id, base_len) VALUES (?, ?, ?)",
+              (list_id, base_id, base_len))
+    c.execute("""INSERT INTO list_item (list_id, idx, item)
+                 SELECT ?1, idx, item FROM (
+                     SELECT idx, item, row_number() OVER (PARTITION BY idx ORDER BY seq) AS first
+                     FROM list_gone WHERE list_id = ?2 AND idx < ?3 AND seq > ?4)
+                 WHERE first = 1""", (list_id, base_id, base_len, base_seq))
     return list_id
 
 
@@ -100,7 +116,8 @@ def based_list(c: Conn, base_id: int, base_len: int, base_seq: int) -> int:
 def list_items(c: Conn, list_id: int, start: int, stop: int, seq: int | None) -> list[str]:
     """The item texts of ``list_id`` at indexes start..stop-1 as they were right after
     change ``seq`` (None: now). An index reads, in order: the item the first pop after
-    ``seq`` removed from it; the list's own item; its base's item as of the base's seq."""
+    ``seq`` removed from it; the list's own item; its base's item (which a pop of the base
+    would have copied here first: the base is read as it is now)."""
     if stop <= start:
         return []
     found: dict[int, str] = {}
@@ -114,13 +131,13 @@ def list_items(c: Conn, list_id: int, start: int, stop: int, seq: int | None) ->
             (list_id, start, stop)):
         found.setdefault(idx, item)
     if len(found) < stop - start:
-        base = c.execute("SELECT base_id, base_len, base_seq FROM list_base WHERE list_id = ?",
+        base = c.execute("SELECT base_id, base_len FROM list_base WHERE list_id = ?",
                          (list_id,)).fetchone()
         missing = [i for i in range(start, stop) if i not in found]
         if base is None or missing[-1] >= base[1]:
-            raise Damaged(f"list {list_id}: items {missing[:5]}... are missing")
+            raise Damaged(f"list {list_id}: items {missing[:5]} are missing")
         for idx, item in zip(range(missing[0], missing[-1] + 1),
-                             list_items(c, base[0], missing[0], missing[-1] + 1, base[2])):
+                             list_items(c, base[0], missing[0], missing[-1] + 1, None)):
             found.setdefault(idx, item)
     return [found[i] for i in range(start, stop)]
 
@@ -247,42 +264,23 @@ def purge_step(c: Conn, cutoff: str, batch: int) -> int:
     return len(gone) + _purge_gone(c, floor, batch) + _purge_dead(c, batch)
 
 
-# A popped item is read by a list made from its list before the pop, below its length.
-_NEEDED = """EXISTS (SELECT 1 FROM list_base b WHERE b.base_id = g.list_id
-                     AND b.base_seq < g.seq AND b.base_len > g.idx)"""
-
-
 def _purge_gone(c: Conn, floor: int, batch: int) -> int:
-    """Popped items the history no longer needs (popped at or before the floor), looked at
-    once each in seq order from where the last step stopped (history_head.gone): those
-    no list made from theirs reads go; the others stay until such lists go (_purge_dead)."""
-    start = c.execute("SELECT gone FROM history_head").fetchone()[0]
-    rows = c.execute(
-        f"""SELECT g.list_id, g.idx, g.seq, {_NEEDED} FROM list_gone g
-            WHERE g.seq > ?1 AND g.seq <= ?2 ORDER BY g.seq LIMIT {int(batch)}""",
-        (start, floor)).fetchall()
-    c.executemany("DELETE FROM list_gone WHERE list_id = ? AND idx = ? AND seq = ?",
-                  [r[:3] for r in rows if not r[3]])
-    # All of the window looked at, or up to the seq before the last one seen (it may have more).
-    done = floor if len(rows) < batch else rows[-1][2] - 1
-    c.execute("UPDATE history_head SET gone = max(gone, ?)", (done,))
-    return sum(1 for r in rows if not r[3])
+    """Popped items the history no longer needs (popped at or before the floor)."""
+    c.execute(f"""DELETE FROM list_gone WHERE (list_id, idx, seq) IN (
+                    SELECT list_id, idx, seq FROM list_gone WHERE seq <= ?1 ORDER BY seq
+                    LIMIT {int(batch)})""", (floor,))
+    return c.changes()
 
 
 def _purge_dead(c: Conn, batch: int) -> int:
-    """Lists that may have lost a reader (list_dead), a bounded amount at a time: one that
-    nothing refers to any more is emptied; one still referred to loses the popped items,
-    already past the history, that no list made from it reads any more."""
+    """Empty, a bounded amount at a time, the lists nothing refers to any more (queued in
+    list_dead when they may have lost their last reader)."""
     n = 0
     for (list_id,) in c.execute(f"SELECT list_id FROM list_dead LIMIT {int(batch)}").fetchall():
         if c.execute("""SELECT EXISTS (SELECT 1 FROM kv WHERE list_id = ?1)
                            OR EXISTS (SELECT 1 FROM kv_history WHERE list_id = ?1)
                            OR EXISTS (SELECT 1 FROM list_base WHERE base_id = ?1)""",
                      (list_id,)).fetchone()[0]:
-            c.execute(f"""DELETE FROM list_gone AS g WHERE g.list_id = ?1
-                          AND g.seq <= (SELECT gone FROM history_head) AND NOT {_NEEDED}""",
-                      (list_id,))
-            n += c.changes()
             c.execute("DELETE FROM list_dead WHERE list_id = ?", (list_id,))
             continue
         c.execute(f"""DELETE FROM list_item WHERE list_id = ?1 AND idx IN (

@@ -149,7 +149,7 @@ def _v5_to_v6(c: apsw.Connection, schema: str) -> None:
     for name in ("kv_history", "kv_history_list", "change_by_key", "list_gone", "list_gone_seq",
                  "list_base", "list_base_of", "list_dead", "history_head"):
         c.execute(schema_object(schema, name))
-    c.execute("INSERT INTO history_head (floor) SELECT coalesce(max(seq), 0) FROM change")
+    c.execute("INSERT INTO history_head SELECT coalesce(max(seq), 0) FROM change")
 
 
 MIGRATIONS: dict[int, Callable[[apsw.Connection, str], None]] = {
