@@ -67,6 +67,7 @@ def _write_requests(db, n: int) -> dict[tuple[str, str], tuple[str, dict | None]
     moving = s.start_turn(s.create(ALICE).id, ALICE, lease=600)
     kv = f"/v1/scopes/thread/t{n}"
     st = f"/v1/sessions/{own.id}/state"
+    then = db.last_change()  # the restores put the scopes back to here (SPEC §17)
     return {
         ("PUT", "/v1/scopes/{kind}/{id}/keys/{key}"): (f"{kv}/keys/k", {"value": 1}),
         ("DELETE", "/v1/scopes/{kind}/{id}/keys/{key}"): (f"{kv}/keys/list", None),
@@ -82,6 +83,10 @@ def _write_requests(db, n: int) -> dict[tuple[str, str], tuple[str, dict | None]
         ("POST", "/v1/sessions/{session_id}/state/keys/{key}/touch"): (f"{st}/keys/list/touch",
                                                                         {"ttl": 60}),
         ("POST", "/v1/sessions/{session_id}/state/clear"): (f"{st}/clear", None),
+        ("POST", "/v1/scopes/{kind}/{id}/restore"): (f"{kv}/restore", {"at": then}),
+        ("POST", "/v1/sessions/{session_id}/state/restore"): (f"{st}/restore",
+                                                             {"at": then, "keys": ["list"]}),
+        ("POST", "/v1/sessions/{session_id}/fork"): (f"/v1/sessions/{own.id}/fork", {"at": then}),
         ("POST", "/v1/batch"): ("/v1/batch", {"ops": [{"op": "put", "scope": f"thread:t{n}",
                                                        "key": "b", "value": 1}]}),
         ("POST", "/v1/runs/prune"): ("/v1/runs/prune", {"older_than": 0, "finished_only": True}),

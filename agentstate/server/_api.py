@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 import agentstate
 from agentstate._encoding import check_key
-from agentstate.errors import Busy, Damaged, Forbidden, Unauthorized
+from agentstate.errors import Busy, Damaged, Forbidden, InvalidValue, Unauthorized
 
 from . import _access
 from . import _http as h
@@ -208,6 +208,11 @@ class API:
                     raise Forbidden(f"only an admin may do this ({p.name} is not one)")
             c = Call(self, route, request, p, rules)
             _access.check_route(route.grant, p, rules, c.params)
+            if "as_of" in request.query_params and "as_of" not in route.query:
+                raise InvalidValue("as_of reads the past, which only the key, slice, length, "
+                                   "expires_at, keys and items routes (and get_many's body) "
+                                   "take: the past is read-only (SPEC §17; put it back with "
+                                   ".../restore)")
             try:
                 return await route.handler(self, c)
             finally:

@@ -144,6 +144,22 @@ class SettingBody(Body):
 
 class GetManyBody(Body):
     keys: list[str]
+    as_of: int | None = Field(default=None, ge=0, lt=2**63)  # SPEC §17: the keys then
+
+
+class RestoreBody(Body):
+    """Put a scope's keys (or only ``keys``) back as they were right after change ``at``."""
+
+    at: int = Field(ge=0, lt=2**63)
+    keys: list[str] | None = None
+
+
+class SessionForkBody(Body):
+    """A new session whose state is the original's right after change ``at`` (null: now);
+    ``metadata`` null: the original's."""
+
+    at: int | None = Field(default=None, ge=0, lt=2**63)
+    metadata: dict[str, Any] | None = None
 
 
 class PinBody(Body):

@@ -8,11 +8,15 @@ from __future__ import annotations
 from ._api import Route_
 from ._limits import LIMITS
 from ._models import (AppendBody, BatchBody, ClaimBody, ForkBody, GetManyBody, PinBody, PopBody,
-                      PruneRunsBody, PruneSessionsBody, PutBody, SessionBody, SettingBody,
-                      SettleBody, TouchBody, TrimBody, TurnBody, WriteBody)
-from .views import admin, changes, keys, runs, sessions
+                      PruneRunsBody, PruneSessionsBody, PutBody, RestoreBody, SessionBody,
+                      SessionForkBody, SettingBody, SettleBody, TouchBody, TrimBody, TurnBody,
+                      WriteBody)
+from .views import admin, changes, keys, past, runs, sessions
 
 VALUES = LIMITS.value_body  # a body that carries values
+PAST = ("as_of",)  # a read of the past (SPEC §17): 400 past the head, 410 before what is kept
+AS_OF = ("The store as it was right after change `as_of` (SPEC §17): 400 invalid_value past "
+         "the newest change, 410 cursor_expired older than the history kept.")
 
 
 def _key_routes() -> list[Route_]:
@@ -23,7 +27,8 @@ def _key_routes() -> list[Route_]:
         rd, wr = (("scope", "r"), ("scope", "rw")) if base == kv else ("session", "session")
         out += [
             Route_("GET", base + "/{key}", keys.get_key, f"Read a key ({tag})", answer="Versioned",
-                   errors=(400, 404), extra={"bytes_answer": True}, grant=rd),
+                   query=PAST, errors=(400, 404, 410), extra={"bytes_answer": True}, grant=rd,
+                   description=AS_OF),
             Route_("PUT", base + "/{key}", keys.put_key, f"Write a key ({tag})", body=PutBody,
                    query=("if_version", "ttl"), answer="Version", errors=(400, 409, 413),
                    limit=VALUES, extra={"bytes_body": LIMITS.bytes_body}, grant=wr),
@@ -37,21 +42,36 @@ def _key_routes() -> list[Route_]:
             Route_("POST", base + "/{key}/touch", keys.touch, f"Set a key's expiry ({tag})",
                    body=TouchBody, answer="Touched", errors=(400, 413), grant=wr),
             Route_("GET", base + "/{key}/expires_at", keys.expires_at, f"When a key expires ({tag})",
-                   answer="ExpiresAt", grant=rd),
+                   query=PAST, answer="ExpiresAt", errors=(400, 410), grant=rd, description=AS_OF),
             Route_("GET", base + "/{key}/slice", keys.slice, f"Items of a list ({tag})",
-                   query=("start", "stop"), answer="Items", errors=(400, 409), grant=rd),
+                   query=("start", "stop", *PAST), answer="Items", errors=(400, 409, 410),
+                   grant=rd, description=AS_OF),
             Route_("GET", base + "/{key}/length", keys.length, f"Length of a list ({tag})",
-                   answer="Length", errors=(400, 409), grant=rd),
-            Route_("GET", base, keys.keys, f"List keys ({tag})", query=("prefix", "after", "limit"),
-                   answer="Keys", grant=rd),
+                   query=PAST, answer="Length", errors=(400, 409, 410), grant=rd,
+                   description=AS_OF),
+            Route_("GET", base + "/{key}/history", past.history,
+                   f"A key's kept revisions, newest first ({tag})",
+                   query=("since", "before", "limit"), answer="Revisions", errors=(400, 410),
+                   grant=rd, description=past.HISTORY),
+            Route_("GET", base, keys.keys, f"List keys ({tag})",
+                   query=("prefix", "after", "limit", *PAST), answer="Keys", errors=(400, 410),
+                   grant=rd, description=AS_OF),
             Route_("POST", base[:-len("/keys")] + "/get_many", keys.get_many,
                    f"Read several keys at once ({tag})", body=GetManyBody, answer="Values",
-                   errors=(400, 413), limit=LIMITS.value_body, grant=rd),
+                   errors=(400, 410, 413), limit=LIMITS.value_body, grant=rd,
+                   description="`as_of`: the keys as they were right after that change (SPEC "
+                               "§17; 400 past the newest change, 410 older than the history "
+                               "kept)."),
             Route_("GET", base[:-len("/keys")] + "/items", keys.items,
-                   f"List keys with their values ({tag})", query=("prefix", "after", "limit"),
-                   answer="KeyValues", grant=rd),
+                   f"List keys with their values ({tag})",
+                   query=("prefix", "after", "limit", *PAST), answer="KeyValues",
+                   errors=(400, 410), grant=rd, description=AS_OF),
             Route_("POST", base[:-len("/keys")] + "/clear", keys.clear,
                    f"Delete every key ({tag})", answer="Cleared", errors=(400,), grant=wr),
+            Route_("POST", base[:-len("/keys")] + "/restore", past.restore,
+                   f"Put keys back as they were after a change ({tag})", body=RestoreBody,
+                   answer="Restored", errors=(400, 409, 410, 413), limit=VALUES, grant=wr,
+                   description=past.RESTORE),
         ]
     for r in out:
         if r.path.startswith(own):
@@ -122,6 +142,14 @@ ROUTES: list[Route_] = _key_routes() + [
            errors=(400, 403, 404), grant="session"),
     Route_("DELETE", "/v1/sessions/{session_id}", sessions.session_delete, "Delete a session",
            answer="Deleted", errors=(400, 403, 404), grant="session"),
+    Route_("POST", "/v1/sessions/{session_id}/fork", past.fork,
+           "A new session with this one's state as of a change", body=SessionForkBody, ok=201,
+           answer="Session", errors=(400, 403, 404, 410, 413), limit=VALUES, grant="session",
+           description="A new session of the caller's (SPEC §17) whose state is the session's "
+                       "right after change `at` (absent or null: now), with no turns; "
+                       "`metadata` absent or null: the original's. Its lists are shared until "
+                       "written. 404 for a session not the caller's (as for an unknown one), "
+                       "400 for `at` past the newest change, 410 older than the history kept."),
     Route_("GET", "/v1/sessions/{session_id}/turns", sessions.turns_list, "A session's turns",
            query=("after", "limit"), answer="Turns", errors=(400, 403, 404), grant="session"),
     Route_("POST", "/v1/sessions/{session_id}/turns", sessions.turn_start, "Start (or queue) a turn",
@@ -149,6 +177,9 @@ ROUTES: list[Route_] = _key_routes() + [
                        "see; a token revoked meanwhile ends it with a 401. A token with grants sees "
                        "the changes of what it may read: its rules' scopes and runs, its own "
                        "sessions."),
+    Route_("GET", "/v1/diff", past.diff, "What changed between two changes",
+           query=("since", "until", "kind", "scope_id", "key"), answer="Diffs",
+           errors=(400, 410), grant="feed", description=past.DIFF),
     Route_("GET", "/v1/changes/head", changes.changes_head, "The newest change's seq",
            answer="Head", errors=(), grant="none"),
     Route_("GET", "/v1/changes/stream", changes.changes_stream, "Changes as server-sent events",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import agentstate
+from agentstate.backends.base import SETTINGS
 
 from . import _models
 from ._limits import LIMITS
@@ -39,6 +40,9 @@ SUMMARY = _obj(id={"type": "string"}, task={"type": "string"}, turn=INT, stopped
                finished={"type": "boolean"}, created_at={"type": "string"},
                updated_at={"type": "string"}, pinned={"type": "boolean"})
 VERSIONED = _obj(value=JSON_VALUE, version=INT)
+VALUE_TYPE = {"type": "string", "enum": ["json", "bytes"],
+              "description": "bytes: a value written as bytes, its `value` base64 text"}
+TYPED = _obj(value=JSON_VALUE, version=INT, type=VALUE_TYPE)  # the past's values (SPEC §17)
 ERROR = _obj(error=_obj(["code", "message"], code={"type": "string"}, message={"type": "string"},
                         current_version=INT, turn_id={"type": "string"}, size=INT, limit=INT,
                         outcome_unknown={"type": "boolean"}, call_id={"type": "string"},
@@ -76,7 +80,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Turn": TURN,
     "Turns": _obj(turns={"type": "array", "items": TURN}, next=NULLABLE_STR),
     "Changes": _obj(changes={"type": "array", "items": CHANGE}, last=INT),
-    "Settings": {"type": "object", "properties": {"feed_retention": INT}},
+    "Settings": {"type": "object", "properties": {name: INT for name in SETTINGS}},
     "Health": _obj(ok={"type": "boolean"}, version={"type": "string"},
                    store={"type": "string", "description": "the store's own id"},
                    now={"type": "number", "description": "the store's clock, unix seconds"}),
@@ -91,6 +95,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "claimed", "done", "failed", "in_progress", "in_doubt"]}, result=JSON_VALUE,
         error={"type": "string"}, entry={"type": "object"}),
     "Settled": _obj(entry={"type": "object"}),
+    "Revisions": _obj(revisions={"type": "array", "items": _obj(
+        seq=INT, version=INT, op={"type": "string"}, at={"type": "string"}, value=JSON_VALUE,
+        type=VALUE_TYPE)}, next={"type": ["integer", "null"]}),
+    "Diffs": _obj(diffs={"type": "array", "items": _obj(
+        kind={"type": "string"}, scope_id={"type": "string"}, key={"type": "string"},
+        before=TYPED, after=TYPED)}),
+    "Restored": _obj(restored=INT),
 }
 
 QUERY: dict[str, dict[str, Any]] = {
@@ -99,6 +110,10 @@ QUERY: dict[str, dict[str, Any]] = {
     "start": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
     "stop": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
     "since": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "until": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "before": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+    "as_of": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1,
+              "description": "a change's seq: the store as it was right after it (SPEC §17)"},
     "limit": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1,
               "description": f"lists and the feed: at most {LIMITS.list_page:,} (x-limits)"},
     "wait": {"type": "number", "minimum": 0, "maximum": LIMITS.long_poll_wait},
@@ -116,7 +131,7 @@ PATH: dict[str, dict[str, Any]] = {
     "kind": KIND, "id": KEY, "run_id": KEY, "session_id": KEY, "turn_id": KEY, "call_id": KEY,
     "key": {**KEY, "description": "the keys `.` and `..` are written `~.` and `~..` (URLs drop "
                                   "those segments)"},
-    "name": {"type": "string", "enum": ["feed_retention"]},
+    "name": {"type": "string", "enum": list(SETTINGS)},
     "action": {"type": "string",
                "enum": ["start", "heartbeat", "hold", "decide", "resume", "finish", "fail"]},
 }

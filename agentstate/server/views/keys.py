@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 import agentstate
 from agentstate._encoding import check_key, check_kind
+from agentstate._past import Past
 from agentstate._scope import KEEP
 from agentstate.errors import InvalidValue, NotFound, TooLarge
 
@@ -31,8 +32,25 @@ async def scope(api: API, c: Call) -> agentstate.Scope:
     return s
 
 
+def as_of(c: Call) -> int | None:
+    """The change a read is of (``?as_of=SEQ``, SPEC §17), or None: the present."""
+    return h.query_int(c.request, "as_of", None)
+
+
+async def reader(api: API, c: Call) -> agentstate.Scope:
+    """The route's scope for reading, after the same checks, as of the query's ``as_of``."""
+    return past(api, await scope(api, c), as_of(c))
+
+
+def past(api: API, s: agentstate.Scope, seq: int | None) -> agentstate.Scope:
+    """``s`` as it was right after change ``seq`` (None: as it is). Every read of the past
+    checks its seq itself: past the head 400 invalid_value, older than the history kept
+    410 cursor_expired."""
+    return s if seq is None else Past(api.db._ops, seq).scope(s.kind, s.id)
+
+
 async def get_key(api: API, c: Call) -> Response:
-    s, key = await scope(api, c), c.params["key"]
+    s, key, seq = await reader(api, c), c.params["key"], as_of(c)
     if "application/octet-stream" in c.request.headers.get("accept", ""):
         data = await h.blocking(s.get_bytes, key)
         if data is None:
@@ -41,7 +59,7 @@ async def get_key(api: API, c: Call) -> Response:
     check_key(key)
 
     def read() -> bytes:
-        row = api.db._ops.kv_get(s.kind, s.id, key)  # as stored: no decoding (_api.stored)
+        row = api.db._ops.kv_get(s.kind, s.id, key, as_of=seq)  # as stored: no decoding (_api.stored)
         if row is None:
             raise NotFound(f"no key {key!r} in {s.kind}:{s.id}")
         type_, value, version, items = row
@@ -100,24 +118,24 @@ async def touch(api: API, c: Call) -> Response:
 
 
 async def expires_at(api: API, c: Call) -> Response:
-    s, key = await scope(api, c), c.params["key"]
+    s, key = await reader(api, c), c.params["key"]
     return h.JSON({"expires_at": iso(await h.blocking(s.expires_at, key))})
 
 
 async def slice(api: API, c: Call) -> Response:
-    s, key = await scope(api, c), c.params["key"]
+    s, key = await reader(api, c), c.params["key"]
     start = h.query_int(c.request, "start", 0, lo=-(2**63))
     stop = h.query_int(c.request, "stop", None, lo=-(2**63))
     return await c.answer({"items": await h.blocking(s.slice, key, start, stop)})
 
 
 async def length(api: API, c: Call) -> Response:
-    s, key = await scope(api, c), c.params["key"]
+    s, key = await reader(api, c), c.params["key"]
     return h.JSON({"length": await h.blocking(s.length, key)})
 
 
 async def keys(api: API, c: Call) -> Response:
-    s = await scope(api, c)
+    s = await reader(api, c)
     limit = h.query_int(c.request, "limit", None, lo=0, hi=LIMITS.list_page)
     found = await h.blocking(s.list, c.q("prefix", "") or "", after=c.q("after") or None,
                              limit=limit)
@@ -165,13 +183,14 @@ async def batch(api: API, c: Call) -> Response:
 async def get_many(api: API, c: Call) -> Response:
     s = await scope(api, c)
     b = await c.json(GetManyBody)
+    s = past(api, s, b.as_of)
     found = await h.blocking(_decoded, s.get_many, b.keys)
     return await c.answer({"values": {k: {"value": v.value, "version": v.version}
                                       for k, v in found.items()}})
 
 
 async def items(api: API, c: Call) -> Response:
-    s = await scope(api, c)
+    s = await reader(api, c)
     after, limit = c.q("after") or None, h.query_int(c.request, "limit", None, lo=0,
                                                       hi=LIMITS.list_page)
     got = await h.blocking(_decoded, s.items, c.q("prefix", "") or "", after=after, limit=limit)

@@ -1,0 +1,132 @@
+"""The past over HTTP (SPEC §17): a key's revisions, what changed between two changes,
+a scope put back as it was, a session forked. (Reads as of a change are the key routes'
+``?as_of=``: ``views/keys``.)
+
+Values go out as the key routes give them, with a ``type``: ``"json"``, or ``"bytes"``
+for a value written as bytes, whose ``value`` is then its base64 text (a JSON answer
+cannot carry raw bytes, and bytes need not be JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from starlette.responses import Response
+
+import agentstate
+from agentstate import _changes
+
+from .. import _access
+from .. import _http as h
+from .._api import API, Call, iso
+from .._limits import LIMITS
+from .._models import RestoreBody, SessionForkBody
+from .keys import scope
+from .sessions import _session
+
+CHUNK = 32  # revisions read from the store at a time, so a page stops near its byte budget
+HISTORY = (f"Newest first: `{{seq, version, op, at, value, type}}` for each change of the key "
+           "still kept (`op` as in the feed; `value` what the key held after it, null after a "
+           "delete or an expiry; `type` `bytes` for a value written as bytes, whose `value` is "
+           "then base64). `since`: only changes after that seq; `before`: only changes before "
+           f"it. A page holds at most `limit` revisions (default and most "
+           f"{LIMITS.history_page:,}) and ends early once its values pass "
+           f"{LIMITS.history_bytes:,} bytes; `next` is the `before` of the next (older) page, "
+           "null at the end.")
+DIFF = ("One `{kind, scope_id, key, before, after}` per key changed after `since` (default 0) "
+        "up to `until` (default: the newest change), ordered by kind, scope id and key; "
+        "`before` and `after` are `{value, version, type}` (absent: null and 0; `type` as in a "
+        "key's history). A key changed and changed back is listed with equal values. Only "
+        "what the caller may read: a token with grants sees the scopes its rules cover and "
+        "its own sessions, as in the feed. 400: a seq past the newest change, or `until` "
+        "before `since`; 410: older than the history kept.")
+RESTORE = ("One write that puts every key of the scope (or only `keys`) back to its value right "
+           "after change `at`, as new versions recorded in the feed; keys made since are "
+           "deleted. `{\"restored\"}`: how many keys changed. A restored key does not expire. "
+           "400: `at` past the newest change; 410: older than the history kept.")
+
+
+def value(v: Any, version: int) -> dict[str, Any]:
+    """A value as the past's answers carry it: ``{"value", "version", "type"}``."""
+    if isinstance(v, bytes):
+        return {"value": base64.b64encode(v).decode("ascii"), "version": version, "type": "bytes"}
+    return {"value": v, "version": version, "type": "json"}
+
+
+def revision(r: agentstate.Revision) -> dict[str, Any]:
+    v = value(r.value, r.version)
+    return {"seq": r.seq, "version": r.version, "op": r.op, "at": iso(r.at), "value": v["value"],
+            "type": v["type"]}
+
+
+def _size(v: Any) -> int:
+    return len(v) if isinstance(v, bytes) else len(h.dumps(v))
+
+
+async def history(api: API, c: Call) -> Response:
+    """A page of the key's kept revisions, newest first; ``next``: the ``before`` of the
+    next page (older ones), null when there is none. A page stops at ``limit`` revisions,
+    or once its values pass ``LIMITS.history_bytes`` (a list's every revision holds the
+    whole list of its moment)."""
+    s, key = await scope(api, c), c.params["key"]
+    since = h.query_int(c.request, "since", None)
+    before = h.query_int(c.request, "before", None)
+    limit = h.query_int(c.request, "limit", LIMITS.history_page, lo=1, hi=LIMITS.history_page)
+    assert limit is not None
+
+    def read() -> tuple[list[agentstate.Revision], bool]:
+        out: list[agentstate.Revision] = []
+        size, cursor = 0, before
+        while len(out) < limit:
+            want = min(CHUNK, limit - len(out))
+            got = s.history(key, since=since, before=cursor, limit=want)
+            out += got
+            size += sum(_size(r.value) for r in got)
+            if len(got) < want:
+                return out, False  # no older ones
+            if size >= LIMITS.history_bytes:
+                return out, True
+            cursor = got[-1].seq
+        return out, True
+
+    found, more = await h.blocking(read)
+    return await c.answer({"revisions": [revision(r) for r in found],
+                           "next": found[-1].seq if more and found else None})
+
+
+async def diff(api: API, c: Call) -> Response:
+    """Each key changed after ``since`` up to ``until`` that the caller may read: the
+    session rule and the token's grants leave out the rest, as in the feed."""
+    q = c.request.query_params
+    since = h.query_int(c.request, "since", 0)
+    until = h.query_int(c.request, "until", None)
+    flt = {k: q[k] for k in ("kind", "scope_id", "key") if q.get(k)}
+    assert since is not None
+    _changes.filters(**flt)  # a bad filter is 400 before anything is read
+
+    def read() -> list[agentstate.Diff]:
+        found = api.db.diff(since, until, **flt)
+        if c.p.admin:
+            return found
+        hidden = api.rule.hidden(c.p, {d.scope_id for d in found if d.kind == "session"})
+        return [d for d in found if not (d.kind == "session" and d.scope_id in hidden)
+                and _access.may(c.p, c.rules, d.kind, d.scope_id, False)]
+
+    found = await h.blocking(read)
+    return await c.answer({"diffs": [
+        {"kind": d.kind, "scope_id": d.scope_id, "key": d.key,
+         "before": value(*d.before), "after": value(*d.after)} for d in found]})
+
+
+async def restore(api: API, c: Call) -> Response:
+    s = await scope(api, c)
+    b = await c.json(RestoreBody)
+    return h.JSON({"restored": await h.blocking(s.restore, b.at, keys=b.keys)})
+
+
+async def fork(api: API, c: Call) -> Response:
+    b = await c.json(SessionForkBody)
+    s = await h.blocking(c.db.sessions.fork, c.params["session_id"], c.p, at=b.at,
+                         metadata=b.metadata)
+    return await c.answer(_session(s), 201)
