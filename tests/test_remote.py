@@ -29,6 +29,7 @@ from .test_feed import *  # noqa: F403
 from .test_fence import *  # noqa: F403
 from .test_once import *  # noqa: F403
 from .test_parity import *  # noqa: F403
+from .test_past import *  # noqa: F403
 from .test_pop_async_batch import *  # noqa: F403
 from .test_reads import *  # noqa: F403
 from .test_runs import *  # noqa: F403
@@ -558,3 +559,41 @@ def test_a_redirect_is_never_followed_and_a_write_is_not_taken_for_done(db, monk
         for s in (other, redirect):
             s.shutdown()
     assert hits == []
+
+
+def test_a_token_with_grants_reads_the_past_of_what_its_rules_cover(db):
+    """db.as_of() through a token with grants: its check of the seq needs no scope the token
+    may not read (it read the keys of app:- and was 403 for every past read), and a past
+    read outside the grants is Forbidden."""
+    s = db.scope("user", "u-1")
+    s.put("k", 1)
+    then = db.last_change()
+    s.put("k", 2)
+    db.scope("user", "u-2").put("k", 1)
+    carol = agentstate.connect(db.path, token=db.served.tokens.create("carol", grants=["user:u-1=r"]))
+    with carol.as_of(then) as past:
+        assert past.scope("user", "u-1").get("k") == 1
+        with pytest.raises(agentstate.Forbidden):
+            past.scope("user", "u-2").get("k")
+    with pytest.raises(agentstate.InvalidValue):
+        with carol.as_of(db.last_change() + 1):
+            pass
+    assert [d.key for d in carol.diff(then)] == ["k"]  # u-1's only
+    assert [r.value for r in carol.scope("user", "u-1").history("k")] == [2, 1]
+    with pytest.raises(agentstate.Forbidden):
+        carol.scope("user", "u-1").restore(then)
+
+
+def test_a_long_history_comes_back_whole_across_the_server_s_pages(db):
+    """The server's history pages end at a byte budget (and at most history_page
+    revisions); the client follows ``next`` until the end, or up to its limit."""
+    from agentstate.server._limits import LIMITS
+
+    s = db.scope("agent", "a")
+    for i in range(30):
+        s.append("log", [i])
+    with LIMITS.override(history_bytes=40, history_page=7):
+        revs = s.history("log")
+        assert [len(r.value) for r in revs] == list(range(30, 0, -1))
+        assert [len(r.value) for r in s.history("log", limit=9)] == list(range(30, 21, -1))
+        assert s.history("log", before=revs[-3].seq) == revs[-2:]

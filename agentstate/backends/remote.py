@@ -15,47 +15,18 @@ import copy
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 from .. import _turns
 from .. import errors as E
 from .._encoding import decode
 from .._grants import Rule
 from .base import Batched, Filters, KEEP, Row, Sets, Stored, Ttl
+from . import wire as W
 from .wire import check_token, check_url, error as _error, redirected
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 LONG_POLL = 25.0  # seconds one long-poll request may wait
-
-def _q(*parts: str) -> str:
-    """Path segments, escaped; "." and ".." (valid keys) as %2E, or URL rules would drop them."""
-    return "/".join("%2E" * len(p) if p and set(p) <= {"."} else quote(p, safe="") for p in parts)
-
-
-def _text(v: Any) -> str | None:
-    return None if v is None else _dumps(v)
-
-
-def _ts(iso: str | None) -> float | None:
-    return None if iso is None else datetime.fromisoformat(iso).timestamp()
-
-
-def _turn_row(d: dict[str, Any]) -> Row:
-    return (d["id"], d["session_id"], d["n"], d["status"], _text(d["input"]), _text(d["request"]),
-            _text(d["decision"]), _text(d["result"]), d["error"], d["lease_until"],
-            d["created_at"], d["updated_at"], d["lease"])
-
-
-def _session_row(d: dict[str, Any]) -> Row:
-    return (d["id"], d["owner"], d["created_at"], _dumps(d["metadata"]))
-
-
-def _change_row(d: dict[str, Any]) -> Row:
-    return (d["seq"], d["at"], d["topic"], d["op"], d["kind"], d["scope_id"], d["key"],
-            d["version"], d["start"], d["count"])
-
 
 class RemoteOps:
     """The backend operations of a store behind ``agentstate serve``."""
@@ -186,22 +157,25 @@ class RemoteOps:
     # -- keys ------------------------------------------------------------------------------
 
     def _key(self, kind: str, sid: str, key: str = "", tail: str = "") -> str:
-        path = f"/v1/scopes/{_q(kind, sid)}/keys"
-        return path + (f"/{_q(key)}" if key else "") + tail
+        path = f"/v1/scopes/{W.segments(kind, sid)}/keys"
+        return path + (f"/{W.segments(key)}" if key else "") + tail
 
-    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False) -> Row | None:
-        path = self._key(kind, sid, key)
+    def kv_get(self, kind: str, sid: str, key: str, raw: bool = False,
+               as_of: int | None = None) -> Row | None:
+        path, past = self._key(kind, sid, key), {"as_of": as_of}
         if raw:
-            return self._bytes(path)
+            return self._bytes(path, past)
         for _ in range(3):
             try:
-                d = self._call("GET", path)
+                d = self._call("GET", path, params=past)
             except E.NotFound:
                 return None
-            except E.InvalidValue:
+            except E.InvalidValue as e:
+                if as_of is not None and "as_of" in str(e):
+                    raise  # the seq, not the value
                 # Stored bytes that are not JSON: the server will not parse them (400).
                 # Parse them here, so the error is a local get's own json.JSONDecodeError.
-                row = self._bytes(path)
+                row = self._bytes(path, past)
                 if row is None:
                     return None  # deleted meanwhile
                 decode(row[1])  # raises json.JSONDecodeError, as Scope.get does
@@ -209,10 +183,10 @@ class RemoteOps:
             return ("json", _dumps(d["value"]), d["version"], None)
         raise E.InvalidValue(f"GET {path}: the server refuses to parse bytes that parse here")
 
-    def _bytes(self, path: str) -> Row | None:
+    def _bytes(self, path: str, params: dict[str, Any] | None = None) -> Row | None:
         """A key's stored bytes (a JSON value as its UTF-8 text), or None when absent."""
         try:
-            return ("bytes", self._call("GET", path, raw=True), 0, None)
+            return ("bytes", self._call("GET", path, raw=True, params=params), 0, None)
         except E.NotFound:
             return None
 
@@ -247,35 +221,74 @@ class RemoteOps:
         return self._call("POST", self._key(kind, sid, key, "/touch"),
                           body=_dumps({"ttl": ttl}))["touched"]
 
-    def kv_expires_at(self, kind: str, sid: str, key: str) -> float | None:
-        return _ts(self._call("GET", self._key(kind, sid, key, "/expires_at"))["expires_at"])
+    def kv_expires_at(self, kind: str, sid: str, key: str,
+                      as_of: int | None = None) -> float | None:
+        return W.ts(self._call("GET", self._key(kind, sid, key, "/expires_at"),
+                              params={"as_of": as_of})["expires_at"])
 
-    def kv_slice(self, kind: str, sid: str, key: str, start: int, stop: int | None) -> list[str] | None:
+    def kv_slice(self, kind: str, sid: str, key: str, start: int, stop: int | None,
+                 as_of: int | None = None) -> list[str] | None:
         d = self._call("GET", self._key(kind, sid, key, "/slice"),
-                       params={"start": start, "stop": stop})
+                       params={"start": start, "stop": stop, "as_of": as_of})
         return [_dumps(i) for i in d["items"]]
 
-    def kv_length(self, kind: str, sid: str, key: str) -> int | None:
-        return self._call("GET", self._key(kind, sid, key, "/length"))["length"]
+    def kv_length(self, kind: str, sid: str, key: str, as_of: int | None = None) -> int | None:
+        return self._call("GET", self._key(kind, sid, key, "/length"),
+                          params={"as_of": as_of})["length"]
 
     def kv_keys(self, kind: str, sid: str, prefix: str, after: str | None,
-                limit: int | None) -> list[str]:
+                limit: int | None, as_of: int | None = None) -> list[str]:
         return self._call("GET", self._key(kind, sid), params={
-            "prefix": prefix or None, "after": after, "limit": limit})["keys"]
+            "prefix": prefix or None, "after": after, "limit": limit, "as_of": as_of})["keys"]
 
-    def kv_get_many(self, kind: str, sid: str, keys: list[str]) -> list[Row]:
-        d = self._call("POST", f"/v1/scopes/{_q(kind, sid)}/get_many", body=_dumps({"keys": keys}))
+    def kv_get_many(self, kind: str, sid: str, keys: list[str],
+                    as_of: int | None = None) -> list[Row]:
+        body = {"keys": keys} if as_of is None else {"keys": keys, "as_of": as_of}
+        d = self._call("POST", f"/v1/scopes/{W.segments(kind, sid)}/get_many", body=_dumps(body))
         return [(k, "json", _dumps(v["value"]), v["version"], None)
                 for k, v in d["values"].items() if v["version"]]
 
     def kv_items(self, kind: str, sid: str, prefix: str, after: str | None,
-                 limit: int | None) -> list[Row]:
-        d = self._call("GET", f"/v1/scopes/{_q(kind, sid)}/items", params={
-            "prefix": prefix or None, "after": after, "limit": limit})
+                 limit: int | None, as_of: int | None = None) -> list[Row]:
+        d = self._call("GET", f"/v1/scopes/{W.segments(kind, sid)}/items", params={
+            "prefix": prefix or None, "after": after, "limit": limit, "as_of": as_of})
         return [(i["key"], "json", _dumps(i["value"]), i["version"], None) for i in d["items"]]
 
+    # -- the past (SPEC §17) ----------------------------------------------------------------
+
+    def kv_history(self, kind: str, sid: str, key: str, since: int, before: int | None,
+                   limit: int | None) -> list[Row]:
+        """Every page the server gives, following ``next``, up to ``limit``."""
+        out: list[Row] = []
+        while limit is None or len(out) < limit:
+            d = self._call("GET", self._key(kind, sid, key, "/history"), params={
+                "since": since or None, "before": before,
+                "limit": None if limit is None else limit - len(out)})
+            for r in d["revisions"]:
+                gone = r["value"] is None and r["op"] in ("delete", "expire")
+                out.append((r["seq"], r["version"], r["op"], r["at"],
+                            *((None, None) if gone else W.typed(r)), None))
+            before = d["next"]
+            if before is None:
+                break
+        return out
+
+    def diff(self, since: int, until: int | None, flt: Filters) -> list[Row]:
+        d = self._call("GET", "/v1/diff", params={"since": since, "until": until, **flt})
+
+        def row(v: dict[str, Any]) -> Row | None:
+            return None if not v["version"] else (*W.typed(v), v["version"], None)
+
+        return [(x["kind"], x["scope_id"], x["key"], row(x["before"]), row(x["after"]))
+                for x in d["diffs"]]
+
+    def kv_restore(self, kind: str, sid: str, seq: int, keys: list[str] | None) -> int:
+        body = {"at": seq} if keys is None else {"at": seq, "keys": keys}
+        return self._call("POST", f"/v1/scopes/{W.segments(kind, sid)}/restore",
+                          body=_dumps(body))["restored"]
+
     def kv_clear(self, kind: str, sid: str) -> int:
-        return self._call("POST", f"/v1/scopes/{_q(kind, sid)}/clear", body="{}")["cleared"]
+        return self._call("POST", f"/v1/scopes/{W.segments(kind, sid)}/clear", body="{}")["cleared"]
 
     # -- vectors: the framework stores' search runs where the store is (SPEC §19) ----------
 
@@ -298,36 +311,36 @@ class RemoteOps:
                   create: bool) -> None:
         body = ('{"entries":[' + ",".join(t for _, t in rows) + '],"snapshot":'
                 + (snapshot or "null") + ',"create":' + ("true" if create else "false") + "}")
-        self._call("POST", f"/v1/runs/{_q(run_id)}/write", body=body, runs=not create)
+        self._call("POST", f"/v1/runs/{W.segments(run_id)}/write", body=body, runs=not create)
 
     def run_read(self, run_id: str) -> tuple[Row, list[tuple[int, str]]] | None:
         try:
-            d = self._call("GET", f"/v1/runs/{_q(run_id)}", runs=True)
+            d = self._call("GET", f"/v1/runs/{W.segments(run_id)}", runs=True)
         except E.NotFound:
             return None
-        head = (_text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"])
+        head = (W.text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"])
         # an entry that is not an object has no seq: -1 fails load()'s check (Damaged)
         return head, [(e.get("seq", -1) if isinstance(e, dict) else -1, _dumps(e))
                       for e in d["entries"]]
 
     def run_head(self, run_id: str) -> Row | None:
         try:
-            d = self._call("GET", f"/v1/runs/{_q(run_id)}/head", runs=True)
+            d = self._call("GET", f"/v1/runs/{W.segments(run_id)}/head", runs=True)
         except E.NotFound:
             return None
-        return (_text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"], d["created_at"],
+        return (W.text(d["snapshot"]), d["next_seq"], d["format"], d["first_seq"], d["created_at"],
                 d["updated_at"], d["pinned"])
 
     def run_entries(self, run_id: str, since: int, limit: int | None) -> list[tuple[int, str]]:
-        d = self._call("GET", f"/v1/runs/{_q(run_id)}/entries", params={"since": since, "limit": limit})
+        d = self._call("GET", f"/v1/runs/{W.segments(run_id)}/entries", params={"since": since, "limit": limit})
         return [(e["seq"], _dumps(e)) for e in d["entries"]]
 
     def run_tail(self, run_id: str, n: int) -> list[tuple[int, str]]:
-        d = self._call("GET", f"/v1/runs/{_q(run_id)}/tail", params={"n": n})
+        d = self._call("GET", f"/v1/runs/{W.segments(run_id)}/tail", params={"n": n})
         return [(e["seq"], _dumps(e)) for e in d["entries"]]
 
     def run_delete(self, run_id: str) -> bool:
-        return self._call("DELETE", f"/v1/runs/{_q(run_id)}")["deleted"]
+        return self._call("DELETE", f"/v1/runs/{W.segments(run_id)}")["deleted"]
 
     def run_list(self, after: str | None, limit: int | None,
                  grants: tuple[Rule, ...] | None = None) -> list[Row]:
@@ -338,15 +351,15 @@ class RemoteOps:
                 for r in self._page("/v1/runs", "runs", after, limit)]
 
     def run_pin(self, run_id: str, pinned: bool) -> bool:
-        return self._call("POST", f"/v1/runs/{_q(run_id)}/pin", body=_dumps({"pinned": pinned}),
+        return self._call("POST", f"/v1/runs/{W.segments(run_id)}/pin", body=_dumps({"pinned": pinned}),
                           runs=True)["pinned"]
 
     def run_fork(self, run_id: str, new_id: str, upto: int | None) -> None:
-        self._call("POST", f"/v1/runs/{_q(run_id)}/fork", body=_dumps({"new_id": new_id, "upto": upto}),
+        self._call("POST", f"/v1/runs/{W.segments(run_id)}/fork", body=_dumps({"new_id": new_id, "upto": upto}),
                    runs=True)
 
     def run_trim(self, run_id: str, before: int) -> int:
-        return self._call("POST", f"/v1/runs/{_q(run_id)}/trim", body=_dumps({"before": before}),
+        return self._call("POST", f"/v1/runs/{W.segments(run_id)}/trim", body=_dumps({"before": before}),
                           runs=True)["removed"]
 
     def run_prune(self, older_than: float, finished_only: bool) -> list[str]:
@@ -357,7 +370,7 @@ class RemoteOps:
                   retry: bool) -> tuple[str, str]:
         body = (("{" if call is None else '{"call":' + call + ",")
                 + f'"lease":{_dumps(lease)},"retry":{"true" if retry else "false"}}}')
-        d = self._call("POST", f"/v1/runs/{_q(run_id)}/calls/{_q(call_id)}/claim", body=body,
+        d = self._call("POST", f"/v1/runs/{W.segments(run_id)}/calls/{W.segments(call_id)}/claim", body=body,
                        runs=True)
         return d["status"], _dumps(d["entry"])
 
@@ -365,7 +378,7 @@ class RemoteOps:
         # outcome is {"status":"ok","result":...} or {"status":"error","error":...}: the
         # route takes {"result"} or {"error"}, and the claim settled
         body = "{" + ("" if retry is None else f'"retry":{retry},') + outcome[outcome.index(",") + 1:]
-        d = self._call("POST", f"/v1/runs/{_q(run_id)}/calls/{_q(call_id)}/settle", body=body,
+        d = self._call("POST", f"/v1/runs/{W.segments(run_id)}/calls/{W.segments(call_id)}/settle", body=body,
                        runs=True)
         return _dumps(d["entry"])
 
@@ -398,47 +411,53 @@ class RemoteOps:
 
     def session_create(self, owner: str, metadata: str) -> Row:
         who = None if owner == self._whoami()[0] else owner  # creating needs no admin rights
-        return _session_row(self._call("POST", "/v1/sessions", body='{"metadata":' + metadata + "}",
+        return W.session_row(self._call("POST", "/v1/sessions", body='{"metadata":' + metadata + "}",
                                        who=who))
 
     def session_get(self, session_id: str, name: str, admin: bool) -> Row:
-        return _session_row(self._call("GET", f"/v1/sessions/{_q(session_id)}",
+        return W.session_row(self._call("GET", f"/v1/sessions/{W.segments(session_id)}",
                                        who=self._as(name, admin)))
 
     def session_list(self, name: str, admin: bool, after: str | None, limit: int | None) -> list[Row]:
-        return [_session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit,
+        return [W.session_row(d) for d in self._page("/v1/sessions", "sessions", after, limit,
                                                     who=self._as(name, admin))]
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:
-        self._call("DELETE", f"/v1/sessions/{_q(session_id)}", who=self._as(name, admin))
+        self._call("DELETE", f"/v1/sessions/{W.segments(session_id)}", who=self._as(name, admin))
+
+    def session_fork(self, session_id: str, name: str, admin: bool, seq: int | None,
+                     metadata: str | None) -> Row:
+        body = '{"at":' + _dumps(seq) + ',"metadata":' + (metadata or "null") + "}"
+        return W.session_row(self._call("POST", f"/v1/sessions/{W.segments(session_id)}/fork", body=body,
+                                       who=self._as(name, admin)))
 
     def session_prune(self, name: str, admin: bool, idle_for: float) -> list[str]:
         return self._call("POST", "/v1/sessions/prune", body=_dumps({"idle_for": idle_for}),
                           who=self._as(name, admin))["sessions"]
 
     def session_release(self, session_id: str, name: str, admin: bool) -> Row:
-        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/release",
+        return W.turn_row(self._call("POST", f"/v1/sessions/{W.segments(session_id)}/release",
                                     who=self._as(name, admin)))
 
     def turn_start(self, session_id: str, name: str, admin: bool, status: str,
                    input_: str | None, lease: float) -> Row:
         body = ('{"input":' + (input_ or "null") + f',"lease":{_dumps(lease)},"queued":'
                 + ("true" if status == "queued" else "false") + "}")
-        return _turn_row(self._call("POST", f"/v1/sessions/{_q(session_id)}/turns", body=body,
+        return W.turn_row(self._call("POST", f"/v1/sessions/{W.segments(session_id)}/turns", body=body,
                                     who=self._as(name, admin)))
 
     def turn_get(self, turn_id: str, name: str, admin: bool) -> Row:
-        return _turn_row(self._call("GET", f"/v1/turns/{_q(turn_id)}", who=self._as(name, admin)))
+        return W.turn_row(self._call("GET", f"/v1/turns/{W.segments(turn_id)}", who=self._as(name, admin)))
 
     def turn_list(self, session_id: str, name: str, admin: bool, after: str | None,
                   limit: int | None) -> list[Row]:
-        return [_turn_row(d) for d in self._page(f"/v1/sessions/{_q(session_id)}/turns", "turns",
+        return [W.turn_row(d) for d in self._page(f"/v1/sessions/{W.segments(session_id)}/turns", "turns",
                                                  after, limit, who=self._as(name, admin))]
 
     def turn_find(self, name: str, admin: bool, live: tuple[str, ...], expired: bool,
                   after: str | None, limit: int | None) -> list[Row]:
         wanted = (*live, "expired") if expired else live
-        return [_turn_row(d) for d in self._page("/v1/turns", "turns", after, limit,
+        return [W.turn_row(d) for d in self._page("/v1/turns", "turns", after, limit,
                                                  who=self._as(name, admin),
                                                  status=",".join(wanted))]
 
@@ -460,7 +479,7 @@ class RemoteOps:
             body = _dumps({"error": sets["error"]})
         else:  # start, heartbeat, resume
             body = _dumps({"lease": lease})
-        return _turn_row(self._call("POST", f"/v1/turns/{_q(turn_id)}/{what}", body=body,
+        return W.turn_row(self._call("POST", f"/v1/turns/{W.segments(turn_id)}/{what}", body=body,
                                     who=self._as(name, admin)))
 
     # -- the change feed and settings ---------------------------------------------------------------
@@ -475,7 +494,7 @@ class RemoteOps:
         cursor = since
         while True:
             d = self._call("GET", "/v1/changes", params={"since": cursor, "limit": limit, **flt})
-            rows = [_change_row(c) for c in d["changes"]]
+            rows = [W.change_row(c) for c in d["changes"]]
             if rows or d["last"] <= cursor:
                 return rows, d["last"]
             cursor = d["last"]
@@ -491,7 +510,7 @@ class RemoteOps:
             d = self._call("GET", "/v1/changes", timeout=wait + self._timeout,
                            params={"since": since, "limit": limit, "wait": wait, **flt})
             if d["changes"] or (deadline is not None and time.monotonic() >= deadline):
-                return [_change_row(c) for c in d["changes"]]
+                return [W.change_row(c) for c in d["changes"]]
             # Nothing this principal may see up to where the server read: on from there,
             # as a local watch goes on from the head (``since`` may be purged meanwhile).
             since = max(since, d["last"])
@@ -509,7 +528,7 @@ class RemoteOps:
                 d = await self._apoll(http, {"since": cursor, "limit": limit, "wait": LONG_POLL,
                                              **flt})
                 for c in d["changes"]:
-                    yield _change_row(c)
+                    yield W.change_row(c)
                     cursor = c["seq"]
                 cursor = max(cursor, d["last"])  # past what the server read, shown or not
                 await asyncio.sleep(0)
@@ -537,7 +556,7 @@ class RemoteOps:
         return self._call("GET", "/v1/settings")
 
     def set_setting(self, name: str, value: int) -> None:
-        self._call("PUT", f"/v1/settings/{_q(name)}", body=_dumps({"value": value}))
+        self._call("PUT", f"/v1/settings/{W.segments(name)}", body=_dumps({"value": value}))
 
     # -- what only the server's own command does ----------------------------------------------------
 

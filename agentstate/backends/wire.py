@@ -1,11 +1,55 @@
 """What the remote client checks of what goes over the wire: connect()'s URL and token
-before anything is sent, and an answer's error body back into the store's error class."""
+before anything is sent, a path's segments, and an answer back into the store's rows
+(or its error body into the store's error class)."""
 
 from __future__ import annotations
 
+import base64
+import json
+from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from .. import errors as E
+from .base import Row, Stored
+
+dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def segments(*parts: str) -> str:
+    """Path segments, escaped; "." and ".." (valid keys) as %2E, or URL rules would drop them."""
+    return "/".join("%2E" * len(p) if p and set(p) <= {"."} else quote(p, safe="") for p in parts)
+
+
+def text(v: Any) -> str | None:
+    return None if v is None else dumps(v)
+
+
+def ts(iso: str | None) -> float | None:
+    return None if iso is None else datetime.fromisoformat(iso).timestamp()
+
+
+def typed(v: dict[str, Any]) -> tuple[str, Stored]:
+    """(type, stored) of a value the past's routes give: ``{"value", "type"}``, bytes in
+    base64 (server/views/past.py)."""
+    if v["type"] == "bytes":
+        return "bytes", base64.b64decode(v["value"])
+    return "json", dumps(v["value"])
+
+
+def turn_row(d: dict[str, Any]) -> Row:
+    return (d["id"], d["session_id"], d["n"], d["status"], text(d["input"]), text(d["request"]),
+            text(d["decision"]), text(d["result"]), d["error"], d["lease_until"],
+            d["created_at"], d["updated_at"], d["lease"])
+
+
+def session_row(d: dict[str, Any]) -> Row:
+    return (d["id"], d["owner"], d["created_at"], dumps(d["metadata"]))
+
+
+def change_row(d: dict[str, Any]) -> Row:
+    return (d["seq"], d["at"], d["topic"], d["op"], d["kind"], d["scope_id"], d["key"],
+            d["version"], d["start"], d["count"])
 
 # Every error class by its code (NotFound before RunNotFound, which shares it): errors
 # added to ``errors`` later come back as themselves, not as an unknown answer.

@@ -88,7 +88,7 @@ LIMITS = Limits(
     Limit("list_page", 10_000, "items", "`limit` of the list routes (keys, runs, sessions, turns); "
           "without `limit` a list answers every item"),
     Limit("history_page", 1000, "revisions", "GET .../keys/{key}/history: the most revisions a "
-          "page holds (`limit`'s default and its largest)"),
+          "page holds (the default; a bigger `limit` gets this many and a `next`)"),
     Limit("history_bytes", 16 * MIB, "bytes", "GET .../keys/{key}/history: a page ends early "
           "once its values pass this (a list's every revision holds its whole list); `next` "
           "goes on"),

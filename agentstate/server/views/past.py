@@ -30,8 +30,8 @@ HISTORY = (f"Newest first: `{{seq, version, op, at, value, type}}` for each chan
            "still kept (`op` as in the feed; `value` what the key held after it, null after a "
            "delete or an expiry; `type` `bytes` for a value written as bytes, whose `value` is "
            "then base64). `since`: only changes after that seq; `before`: only changes before "
-           f"it. A page holds at most `limit` revisions (default and most "
-           f"{LIMITS.history_page:,}) and ends early once its values pass "
+           f"it. A page holds at most `limit` revisions (and at most "
+           f"{LIMITS.history_page:,}, the default) and ends early once its values pass "
            f"{LIMITS.history_bytes:,} bytes; `next` is the `before` of the next (older) page, "
            "null at the end.")
 DIFF = ("One `{kind, scope_id, key, before, after}` per key changed after `since` (default 0) "
@@ -66,14 +66,15 @@ def _size(v: Any) -> int:
 
 async def history(api: API, c: Call) -> Response:
     """A page of the key's kept revisions, newest first; ``next``: the ``before`` of the
-    next page (older ones), null when there is none. A page stops at ``limit`` revisions,
-    or once its values pass ``LIMITS.history_bytes`` (a list's every revision holds the
-    whole list of its moment)."""
+    next page (older ones), null when there is none. A page stops at ``limit`` revisions
+    (at most ``LIMITS.history_page``: a bigger limit is a longer walk of pages, not an
+    error, since a page may end early anyway), or once its values pass
+    ``LIMITS.history_bytes`` (a list's every revision holds the whole list of its moment)."""
     s, key = await scope(api, c), c.params["key"]
     since = h.query_int(c.request, "since", None)
     before = h.query_int(c.request, "before", None)
-    limit = h.query_int(c.request, "limit", LIMITS.history_page, lo=1, hi=LIMITS.history_page)
-    assert limit is not None
+    asked = h.query_int(c.request, "limit", None, lo=1)
+    limit = LIMITS.history_page if asked is None else min(asked, LIMITS.history_page)
 
     def read() -> tuple[list[agentstate.Revision], bool]:
         out: list[agentstate.Revision] = []
