@@ -1,22 +1,44 @@
-"""Keys of a scope: get, put, append, delete, keys."""
+"""Keys of a scope: get, put, append, delete, keys (get and keys also as of a change)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 
+import agentstate
+
 from ._base import ARGS, Ctx, cli, fail, parse_json, parse_scope, pass_obj, show, validate_first
+
+
+AS_OF = click.option("--as-of", "as_of", type=click.IntRange(min=0), metavar="SEQ",
+                     help="As it was right after change SEQ.")
+
+
+@contextmanager
+def reading(obj: Ctx, scope: str, as_of: int | None) -> Iterator[agentstate.Scope]:
+    """SCOPE as it is, or as it was right after change ``as_of`` (SPEC §17)."""
+    db, kind_id = obj.open(), parse_scope(scope)
+    if as_of is None:
+        yield db.scope(*kind_id)
+        return
+    with db.as_of(as_of) as past:
+        yield past.scope(*kind_id)
 
 
 @cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.argument("key")
+@AS_OF
 @pass_obj
-def get(obj: Ctx, scope: str, key: str) -> None:
+def get(obj: Ctx, scope: str, key: str, as_of: int | None) -> None:
     """Print the value of KEY in SCOPE (KIND:ID)."""
-    s = obj.open().scope(*parse_scope(scope))
-    value, version = s.get_versioned(key)
+    with reading(obj, scope, as_of) as s:
+        value, version = s.get_versioned(key)
     if version == 0:
-        fail("not_found", f"no key {key!r} in {scope}")
+        fail("not_found", f"no key {key!r} in {scope}"
+             + ("" if as_of is None else f" as of change {as_of}"))
     obj.out({"key": key, "value": value, "version": version}, show(value))
     if not obj.as_json:  # stdout stays pure JSON, to pipe into put
         click.echo(f"(version {version})", err=True)
@@ -68,8 +90,10 @@ def delete(obj: Ctx, scope: str, key: str, if_version: int | None) -> None:
 @cli.command(context_settings=ARGS)
 @click.argument("scope")
 @click.option("--prefix", default="", help="Only keys starting with this (literally).")
+@AS_OF
 @pass_obj
-def keys(obj: Ctx, scope: str, prefix: str) -> None:
+def keys(obj: Ctx, scope: str, prefix: str, as_of: int | None) -> None:
     """List the keys of SCOPE."""
-    ks = obj.open().scope(*parse_scope(scope)).list(prefix)
+    with reading(obj, scope, as_of) as s:
+        ks = s.list(prefix)
     obj.out(ks, "\n".join(ks))
