@@ -29,10 +29,11 @@ from .conftest import digest
 from .mcpclient import MODES, Reach, call, refusal, run, stdio, until
 
 TOOLS = ("state_get", "state_put", "state_update", "state_append", "state_slice", "state_delete",
-         "state_list", "changes_wait", "runs_write", "runs_load", "runs_list", "call_claim",
+         "state_list", "state_history", "changes_wait", "runs_write", "runs_load", "runs_list", "call_claim",
          "call_settle", "session_create", "turn_start", "turn_finish", "turn_fail",
          "turn_heartbeat")
-READING = {"state_get", "state_slice", "state_list", "changes_wait", "runs_load", "runs_list"}
+READING = {"state_get", "state_slice", "state_list", "state_history", "changes_wait", "runs_load",
+           "runs_list"}
 WRITER = """import sys, time, agentstate
 agentstate.open(sys.argv[1]).scope("user", "u-1").put(sys.argv[2], 1)
 print(time.time())"""  # another process's write, and when it returned
@@ -145,6 +146,49 @@ def test_keys_read_write_and_refuse_as_the_store_does(reach):
                 "invalid_key"
             e = await refusal(c, "state_put", scope=s, key="big", value="x" * (1 << 20))
             assert (e["code"], e["limit"]) == ("too_large", 1 << 20) and e["size"] > 1 << 20
+
+    run(go())
+
+
+def test_state_history_answers_a_key_s_revisions_as_the_api(reach):
+    """state_history (SPEC §17, §18): a key's kept revisions newest first, paged by before;
+    bytes in base64; refused as the store refuses (a bad key, another principal's session,
+    what a caller's grants do not cover)."""
+    db = reach.db
+    s = db.scope("user", "u-7")
+    for i in range(5):
+        s.put("plan", {"n": i})
+    s.delete("plan")
+    db.scope("app", "a").put_bytes("raw", b"\xff")
+    alice = agentstate.Principal("alice")
+    sid = db.sessions.create(alice).id
+    db.sessions.state(sid, alice).put("secret", 1)
+
+    async def go():
+        async with reach.client(mode="legacy") as c:
+            got = await call(c, "state_history", scope="user:u-7", key="plan", limit=3)
+            assert [(r["version"], r["op"], r["value"]) for r in got["revisions"]] == [
+                (5, "delete", None), (5, "put", {"n": 4}), (4, "put", {"n": 3})]
+            assert set(got["revisions"][0]) == {"seq", "version", "op", "at", "value", "type"}
+            rest = await call(c, "state_history", scope="user:u-7", key="plan",
+                              before=got["next"])
+            assert [r["value"] for r in rest["revisions"]] == [{"n": i} for i in (2, 1, 0)]
+            assert rest["next"] is None
+            raw = await call(c, "state_history", scope="app:a", key="raw")
+            assert [(r["value"], r["type"]) for r in raw["revisions"]] == [("/w==", "bytes")]
+            assert await call(c, "state_history", scope="user:u-7", key="never") == \
+                {"revisions": [], "next": None}
+            assert (await refusal(c, "state_history", scope="user:u-7", key="bad key"))[
+                "code"] == "invalid_key"
+            assert (await refusal(c, "state_history", scope="user:u-7", key="plan", limit=0))[
+                "code"] == "invalid_value"
+        async with reach.client(name="bob", grants=["user:u-7=r"]) as bob:
+            assert len((await call(bob, "state_history", scope="user:u-7",
+                                   key="plan"))["revisions"]) == 6
+            assert (await refusal(bob, "state_history", scope="app:a", key="raw"))["code"] == \
+                "forbidden"
+            assert (await refusal(bob, "state_history", scope=f"session:{sid}",
+                                  key="secret"))["code"] == "not_found"
 
     run(go())
 

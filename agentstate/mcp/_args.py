@@ -18,6 +18,7 @@ from agentstate.server._models import SettleBody
 
 PAGE = 100  # items a paged tool returns by default ...
 MAX_PAGE = 1000  # ... and at most: a model's context is the reader here, not a program
+HISTORY = 20  # revisions state_history returns by default (each may hold a whole list)
 
 Scope = Annotated[str, Field(description=(
     'The scope, written "KIND:ID": KIND is thread, session, agent, user or app; ID is 1-200 '
@@ -105,6 +106,17 @@ class StateList(Args):
     after: Annotated[str | None, Field(description=(
         "Only keys after this one: pass the previous call's next to read the next page."))] = None
     limit: Limit = PAGE
+
+
+class StateHistory(Args):
+    scope: Scope
+    key: Key
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE, description=(
+        f"At most this many revisions, the newest first (default {HISTORY}, up to "
+        f"{MAX_PAGE}; fewer when their values are large)."))] = HISTORY
+    before: Annotated[int | None, Field(ge=0, description=(
+        "Only changes before this seq: pass the previous call's next to read older "
+        "revisions."))] = None
 
 
 class ChangesWait(Args):

@@ -29,6 +29,7 @@ from agentstate.server import _feedread
 from agentstate.server import _http as h
 from agentstate.server._api import change, next_after
 from agentstate.server._limits import LIMITS
+from agentstate.server.views.past import history_page
 from agentstate.server.views.runs import _summary
 from agentstate.server.views.sessions import _session, _turn
 
@@ -116,6 +117,13 @@ def state_delete(c: Caller, a: A.StateDelete) -> dict[str, Any]:
 def state_list(c: Caller, a: A.StateList) -> dict[str, Any]:
     keys = c.scope(a.scope, write=False).list(a.prefix, after=a.after, limit=a.limit)
     return {"keys": keys, "next": keys[-1] if len(keys) == a.limit else None}
+
+
+def state_history(c: Caller, a: A.StateHistory) -> dict[str, Any]:
+    """The key's kept revisions (SPEC §17), as the API's history route gives them: a page
+    that ends early once its values pass ``PAGE_BYTES`` (a model reads it)."""
+    s = c.scope(a.scope, write=False)
+    return history_page(s, a.key, None, a.before, a.limit, PAGE_BYTES)
 
 
 # -- the change feed (SPEC §9) -------------------------------------------------------------
@@ -267,6 +275,14 @@ TOOLS: tuple[Tool, ...] = (
         "List the keys of a scope in ascending order, a page at a time: pass next as after for "
         "the next page (next is null on the last page). prefix keeps the keys that start with "
         "it.")),
+    Tool("state_history", A.StateHistory, state_history, reads=True, description=(
+        "See what a key held before: its revisions, newest first, each with seq (the change "
+        "in the feed), version, op (put, append, pop, delete, expire, touch), at (when) and "
+        "value (what the key held right after that change; null after a delete or an expiry; "
+        "type bytes: the value was written as bytes and is base64 here). Use it to find what "
+        "an earlier step saw or what a bad write replaced, then put a value back with "
+        "state_put. Revisions are kept for a while (history_retention, a day by default); "
+        "next, when not null, is the before to pass for older ones.")),
     Tool("changes_wait", A.ChangesWait, changes_wait, reads=True, description=(
         "Wait for writes by other agents and processes: the changes after since that match the "
         "filters (each with seq, topic kv/run/session, op, kind, scope_id, key, version), "

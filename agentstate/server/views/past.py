@@ -76,24 +76,26 @@ async def history(api: API, c: Call) -> Response:
     asked = h.query_int(c.request, "limit", None, lo=1)
     limit = LIMITS.history_page if asked is None else min(asked, LIMITS.history_page)
 
-    def read() -> tuple[list[agentstate.Revision], bool]:
-        out: list[agentstate.Revision] = []
-        size, cursor = 0, before
-        while len(out) < limit:
-            want = min(CHUNK, limit - len(out))
-            got = s.history(key, since=since, before=cursor, limit=want)
-            out += got
-            size += sum(_size(r.value) for r in got)
-            if len(got) < want:
-                return out, False  # no older ones
-            if size >= LIMITS.history_bytes:
-                return out, True
-            cursor = got[-1].seq
-        return out, True
+    found = await h.blocking(history_page, s, key, since, before, limit, LIMITS.history_bytes)
+    return await c.answer(found)
 
-    found, more = await h.blocking(read)
-    return await c.answer({"revisions": [revision(r) for r in found],
-                           "next": found[-1].seq if more and found else None})
+
+def history_page(s: agentstate.Scope, key: str, since: int | None, before: int | None,
+                 limit: int, budget: int) -> dict[str, Any]:
+    """``{"revisions", "next"}``: at most ``limit`` revisions before ``before``, newest
+    first, read a few at a time until their values pass ``budget`` bytes (the API's route
+    and the MCP tool). Blocking."""
+    out: list[agentstate.Revision] = []
+    size, cursor, more = 0, before, True
+    while more and len(out) < limit and size < budget:
+        want = min(CHUNK, limit - len(out))
+        got = s.history(key, since=since, before=cursor, limit=want)
+        out += got
+        size += sum(_size(r.value) for r in got)
+        more = len(got) == want
+        cursor = got[-1].seq if got else cursor
+    return {"revisions": [revision(r) for r in out],
+            "next": out[-1].seq if more and out else None}
 
 
 async def diff(api: API, c: Call) -> Response:
