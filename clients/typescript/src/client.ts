@@ -6,12 +6,14 @@
 import { InvalidValue, Unauthorized, UsageError } from "./errors.js";
 import { Feed, type FeedFilter } from "./feed.js";
 import { Http, type Fetch } from "./http.js";
-import { checkKey, checkSeconds, fenceOf, type Fence, type JsonObject, type ScopeKind } from "./json.js";
+import { checkInt, checkKey, checkKind, checkSeconds, fenceOf, type Fence, type JsonObject, type JsonValue,
+  type ScopeKind } from "./json.js";
+import { Past } from "./past.js";
 import { Runs } from "./runs.js";
 import { Batch, Scope, State, UpdateTurns } from "./scope.js";
 import { Sessions } from "./sessions.js";
-import type { Change } from "./types.js";
-import { ROUTES, type WireProblems, type WireSettings } from "./wire.js";
+import { toDiff, type Change, type Diff } from "./types.js";
+import { ROUTES, type WireDiffs, type WireProblems, type WireSettings } from "./wire.js";
 
 export interface ConnectOptions {
   /** A bearer token (`agentstate tokens create NAME`). */
@@ -32,6 +34,14 @@ export interface ConnectOptions {
 export type Settings = WireSettings;
 
 const MAX_SETTING = 100 * 365 * 86400;
+
+/** `db.diff(since, ...)`: up to `until` (default: the newest change), filtered as the feed is. */
+export interface DiffOptions {
+  until?: number;
+  kind?: ScopeKind;
+  scopeId?: string;
+  key?: string;
+}
 
 /** The ids of `db.state(...)`: one per scope kind used; `fence` fences every write of them. */
 export type StateIds = Partial<Record<ScopeKind, string>> & { fence?: Fence };
@@ -74,6 +84,35 @@ export class Database {
   /** Writes collected and applied all or none, in one request, by `commit()`; `fence` fences them all. */
   batch(opts: { fence?: Fence } = {}): Batch {
     return new Batch(this.http, opts.fence);
+  }
+
+  /**
+   * The store as it was right after change `seq` (SPEC §17), read-only: `db.asOf(seq).scope(kind,
+   * id).get(key)` (and getVersioned, getMany, items, keys, slice, length, expiresAt, getBytes;
+   * a write throws UsageError). A key that did not exist yet, was deleted or had expired by
+   * then reads as absent. Each read checks `seq`: past the newest change InvalidValue, older
+   * than the history kept CursorExpired. :throws InvalidValue (not a seq)
+   */
+  asOf(seq: number): Past {
+    return new Past(this.http, this.turns, seq);
+  }
+
+  /**
+   * Every key changed after change `since` up to `until` (default: the newest) that this
+   * token may read, ordered by kind, scope id and key: `{ kind, scopeId, key, before, after }`,
+   * each a Versioned (absent: `{ value: undefined, version: 0 }`; bytes: a Uint8Array). A key
+   * changed and changed back is listed with equal values.
+   * :throws CursorExpired, InvalidValue (a seq past the newest change, `until` before `since`)
+   */
+  async diff<T = JsonValue>(since: number, opts: DiffOptions = {}): Promise<Diff<T>[]> {
+    const q = {
+      since: checkInt("since", since),
+      until: opts.until === undefined || opts.until === null ? undefined : checkInt("until", opts.until),
+      kind: opts.kind === undefined ? undefined : checkKind(opts.kind),
+      scope_id: opts.scopeId === undefined ? undefined : checkKey(opts.scopeId, "scopeId"),
+      key: opts.key === undefined ? undefined : checkKey(opts.key),
+    };
+    return (await this.http.call<WireDiffs>(ROUTES.past.diff, {}, { query: q })).diffs.map((d) => toDiff<T>(d));
   }
 
   /** Every setting of the store, with its default where none was set (`feed_retention`: seconds). */

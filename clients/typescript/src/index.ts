@@ -8,10 +8,11 @@
  * ```
  */
 
-export { connect, Database, type ConnectOptions, type Settings, type StateIds } from "./client.js";
+export { connect, Database, type ConnectOptions, type DiffOptions, type Settings, type StateIds } from "./client.js";
+export { Past } from "./past.js";
 export {
-  Batch, BatchScope, Scope, State, type Appended, type BatchResult, type FenceOption, type KeyPage, type PutOptions,
-  type Versioned,
+  Batch, BatchScope, Scope, State, type Appended, type BatchResult, type FenceOption, type HistoryOptions, type KeyPage,
+  type PutOptions, type Versioned,
 } from "./scope.js";
 export { Runs } from "./runs.js";
 export { NOT_RUN, type ClaimOptions, type NotRun, type OnceOptions, type SettleOptions } from "./calls.js";
@@ -20,7 +21,7 @@ export type { FeedFilter } from "./feed.js";
 export type { Fetch } from "./http.js";
 export type { Fence, JsonObject, JsonValue, ScopeKind } from "./json.js";
 export type {
-  Change, Claim, ClaimStatus, Run, RunHead, RunRecord, SavedState, SessionInfo, TurnStatus,
+  Change, Claim, ClaimStatus, Diff, Revision, Run, RunHead, RunRecord, SavedState, SessionInfo, TurnStatus,
 } from "./types.js";
 export {
   AgentStateError, Busy, CallFailed, CallInProgress, Closed, CursorExpired, Damaged, Forbidden, HistoryGap,

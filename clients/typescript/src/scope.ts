@@ -3,17 +3,17 @@
  * `db.state({...})` and `db.batch()`.
  */
 
-import { InvalidValue, NotFound, VersionConflict } from "./errors.js";
+import { InvalidValue, NotFound, UsageError, VersionConflict } from "./errors.js";
 import type { Http } from "./http.js";
 import {
   MAX_VALUE, checkInt, checkKey, checkKind, checkSeconds, checkSize, encodeSized, fenceOf, type Fence, type JsonValue,
   type ScopeKind,
 } from "./json.js";
-import { toDate } from "./types.js";
+import { toDate, toRevision, type Revision } from "./types.js";
 import {
   ROUTES, type KeyRoutes, type WireAppended, type WireBatchResults, type WireCleared, type WireDeleted,
   type WireExpiresAt, type WireItems, type WireKeyValues, type WireKeys, type WireLength, type WireMany,
-  type WireTouched, type WireVersion, type WireVersioned,
+  type WireRestored, type WireRevisions, type WireTouched, type WireVersion, type WireVersioned,
 } from "./wire.js";
 
 /** A value with its version; an absent key is `{ value: undefined, version: 0 }`. */
@@ -39,6 +39,13 @@ export interface PutOptions extends FenceOption {
   ifVersion?: number;
   /** Seconds until the key expires; `"keep"`: the expiry it had. Default: it does not expire. */
   ttl?: number | "keep";
+}
+
+/** `history(key, ...)`: only changes after `since`, before `before`; at most `limit`, the newest. */
+export interface HistoryOptions {
+  since?: number;
+  before?: number;
+  limit?: number;
 }
 
 /** Paging of `keys` and `items`: a literal `prefix`, the keys `after` one, at most `limit`. */
@@ -96,24 +103,42 @@ function itemsOf(items: unknown): string {
 
 /**
  * The keys of one scope, e.g. `db.scope("session", "s-42")`. Every method returns a Promise.
- * A scope made with a fence (`db.scope(kind, id, { fence })`) fences every write.
+ * A scope made with a fence (`db.scope(kind, id, { fence })`) fences every write. A scope of
+ * the past (`db.asOf(seq).scope(kind, id)`) reads the keys as they were right after change
+ * `asOf` (SPEC §17), and every write throws UsageError.
  */
 export class Scope {
   readonly kind: ScopeKind;
   readonly id: string;
   /** The turn id every write of this scope is fenced by, if any. */
   readonly fence: string | undefined;
+  /** The change this scope's reads are of (`db.asOf(seq)`); undefined: the present. */
+  readonly asOf: number | undefined;
   private readonly routes: KeyRoutes;
   private readonly params: Record<string, string>;
 
   /** @internal */
   constructor(private readonly http: Http, private readonly turns: UpdateTurns, kind: string, id: string,
-    sessionState = false, fence?: Fence) {
+    sessionState = false, fence?: Fence, asOf?: number) {
     this.kind = checkKind(kind);
     this.id = checkKey(id, "scope id");
     this.fence = fenceOf(fence);
+    this.asOf = asOf === undefined ? undefined : checkInt("asOf", asOf);
     this.routes = sessionState ? ROUTES.sessionState : ROUTES.scope;
     this.params = sessionState ? { session_id: this.id } : { kind: this.kind, id: this.id };
+  }
+
+  /** The query of a read: `as_of` for a scope of the past. */
+  private get past(): { as_of?: number } {
+    return { as_of: this.asOf };
+  }
+
+  /** UsageError on a scope of the past, before anything is sent: the past is read-only. */
+  private present(what: string): void {
+    if (this.asOf !== undefined) {
+      throw new UsageError(`${what}: the store as of change ${this.asOf} is read-only (write to db.scope(...), ` +
+        "or put the past back with scope.restore(at))");
+    }
   }
 
   private at(key: string): Record<string, string> {
@@ -129,18 +154,19 @@ export class Scope {
   get<T = JsonValue>(key: string): Promise<T | undefined>;
   get<T = JsonValue>(key: string, dflt: T): Promise<T>;
   async get<T = JsonValue>(key: string, dflt?: T): Promise<T | undefined> {
-    const d = await this.http.maybe<WireVersioned>(this.routes.get, this.at(key));
+    const d = await this.http.maybe<WireVersioned>(this.routes.get, this.at(key), { query: this.past });
     return d === null ? dflt : (d.value as T);
   }
 
   /** `{ value, version }`; `{ value: undefined, version: 0 }` when absent. */
   async getVersioned<T = JsonValue>(key: string): Promise<Versioned<T>> {
-    const d = await this.http.maybe<WireVersioned>(this.routes.get, this.at(key));
+    const d = await this.http.maybe<WireVersioned>(this.routes.get, this.at(key), { query: this.past });
     return d === null ? { value: undefined, version: 0 } : { value: d.value as T, version: d.version };
   }
 
   /** Write `value`; the new version. :throws VersionConflict (ifVersion), InvalidValue, TooLarge */
   async put(key: string, value: unknown, opts: PutOptions = {}): Promise<number> {
+    this.present("put");
     const params = this.at(key);
     const fence = this.fenced(opts);
     const body = putBody(encodeSized(value), versionOf(opts.ifVersion), opts.ttl);
@@ -149,6 +175,7 @@ export class Scope {
 
   /** Remove `key`; true if it existed (same `ifVersion` rule as put). */
   async delete(key: string, opts: { ifVersion?: number } & FenceOption = {}): Promise<boolean> {
+    this.present("delete");
     const params = this.at(key);
     const fence = this.fenced(opts);
     const q = { if_version: versionOf(opts.ifVersion) };
@@ -170,6 +197,7 @@ export class Scope {
     opts?: { default?: T } & FenceOption): Promise<T>;
   async update<T = JsonValue>(key: string, fn: (value: T | undefined) => T | Promise<T>,
     opts: { default?: T } & FenceOption = {}): Promise<T> {
+    this.present("update");
     const params = this.at(key);
     const fence = this.fenced(opts);
     return this.turns.run(`${this.routes.get.path}\n${JSON.stringify(params)}`, async () => {
@@ -189,6 +217,7 @@ export class Scope {
 
   /** Add `items` at the end of the list (created if absent), atomically. */
   async append(key: string, items: unknown[], opts: { ttl?: number } & FenceOption = {}): Promise<Appended> {
+    this.present("append");
     const params = this.at(key);
     const fence = this.fenced(opts);
     const ttl = ttlOf(opts.ttl);
@@ -201,17 +230,19 @@ export class Scope {
   async slice<T = JsonValue>(key: string, start = 0, stop?: number): Promise<T[]> {
     const params = this.at(key);
     const q = { start: checkInt("start", start, Number.MIN_SAFE_INTEGER),
-      stop: stop === undefined || stop === null ? undefined : checkInt("stop", stop, Number.MIN_SAFE_INTEGER) };
+      stop: stop === undefined || stop === null ? undefined : checkInt("stop", stop, Number.MIN_SAFE_INTEGER),
+      ...this.past };
     return (await this.http.call<WireItems>(this.routes.slice, params, { query: q })).items as T[];
   }
 
   /** Items in a list; 0 when absent. :throws NotAList */
   async length(key: string): Promise<number> {
-    return (await this.http.call<WireLength>(this.routes.length, this.at(key))).length;
+    return (await this.http.call<WireLength>(this.routes.length, this.at(key), { query: this.past })).length;
   }
 
   /** Remove the last `n` items and return them in list order; [] when absent. :throws NotAList */
   async pop<T = JsonValue>(key: string, n = 1, opts: FenceOption = {}): Promise<T[]> {
+    this.present("pop");
     const params = this.at(key);
     const fence = this.fenced(opts);
     const body = `{"n":${checkInt("n", n)}}`;
@@ -220,7 +251,7 @@ export class Scope {
 
   /** Keys of this scope, ascending; `prefix` is literal, `after` pages, `limit` caps. */
   async keys(opts: KeyPage = {}): Promise<string[]> {
-    const q = pageQuery(opts);
+    const q = { ...pageQuery(opts), ...this.past };
     if (q.limit === 0) return [];
     return (await this.http.call<WireKeys>(this.routes.keys, this.params, { query: q })).keys;
   }
@@ -238,7 +269,7 @@ export class Scope {
     }
     const unique = [...new Set(wanted)];
     const found = unique.length === 0 ? {} : (await this.http.call<WireMany>(this.routes.getMany, this.params,
-      { json: `{"keys":${JSON.stringify(unique)}}` })).values;
+      { json: `{"keys":${JSON.stringify(unique)}${this.asOf === undefined ? "" : `,"as_of":${this.asOf}`}}` })).values;
     // fromEntries makes own properties: a key "__proto__" is a key like any other.
     return Object.fromEntries(wanted.map((k) => {
       const v = Object.hasOwn(found, k) ? found[k]! : undefined;
@@ -252,7 +283,7 @@ export class Scope {
    * pairs, paged as `keys()` is (a literal `prefix`, `after` a key, at most `limit`).
    */
   async items<T = JsonValue>(opts: KeyPage = {}): Promise<[string, Versioned<T>][]> {
-    const q = pageQuery(opts);
+    const q = { ...pageQuery(opts), ...this.past };
     if (q.limit === 0) return [];
     const d = await this.http.call<WireKeyValues>(this.routes.items, this.params, { query: q });
     return d.items.map((i) => [i.key, { value: i.value as T, version: i.version }]);
@@ -260,12 +291,14 @@ export class Scope {
 
   /** Delete every key of this scope, in one transaction; how many there were. */
   async clear(opts: FenceOption = {}): Promise<number> {
+    this.present("clear");
     const fence = this.fenced(opts);
     return (await this.http.call<WireCleared>(this.routes.clear, this.params, { json: "{}", fence })).cleared;
   }
 
   /** Set a new expiry `ttl` seconds from now (null: never), value and version unchanged; false if absent. */
   async touch(key: string, ttl: number | null, opts: FenceOption = {}): Promise<boolean> {
+    this.present("touch");
     const params = this.at(key);
     const fence = this.fenced(opts);
     const body = `{"ttl":${ttlOf(ttl) ?? "null"}}`;
@@ -274,13 +307,14 @@ export class Scope {
 
   /** When the key expires; null if it does not, or is absent. */
   async expiresAt(key: string): Promise<Date | null> {
-    const d = await this.http.call<WireExpiresAt>(this.routes.expiresAt, this.at(key));
+    const d = await this.http.call<WireExpiresAt>(this.routes.expiresAt, this.at(key), { query: this.past });
     return d.expires_at === null ? null : toDate(d.expires_at);
   }
 
   /** Store raw bytes under `key` (the same key space); the new version. */
   async putBytes(key: string, data: Uint8Array,
     opts: { ifVersion?: number; ttl?: number } & FenceOption = {}): Promise<number> {
+    this.present("putBytes");
     const params = this.at(key);
     const fence = this.fenced(opts);
     if (!(data instanceof Uint8Array)) throw new InvalidValue("putBytes takes a Uint8Array");
@@ -293,11 +327,53 @@ export class Scope {
   async getBytes(key: string): Promise<Uint8Array | null> {
     const params = this.at(key);
     try {
-      return await this.http.bytes(this.routes.get, params);
+      return await this.http.bytes(this.routes.get, params, { query: this.past });
     } catch (e) {
       if (e instanceof NotFound) return null;
       throw e;
     }
+  }
+
+  /**
+   * The key's kept revisions, newest first (SPEC §17): `{ seq, version, op, at, value }` for
+   * each change of it still kept (`value`: what it held after that change; undefined after a
+   * delete or an expiry; a Uint8Array for bytes). `since`: only changes after that seq;
+   * `before`: only changes before it (the next page of older ones); `limit`: at most that many.
+   */
+  async history<T = JsonValue>(key: string, opts: HistoryOptions = {}): Promise<Revision<T>[]> {
+    this.present("history");
+    const params = this.at(key);
+    const opt = (name: string, v: unknown): number | undefined =>
+      v === undefined || v === null ? undefined : checkInt(name, v);
+    const since = opt("since", opts.since);
+    let before = opt("before", opts.before);
+    const limit = opt("limit", opts.limit);
+    const out: Revision<T>[] = [];
+    while (limit === undefined || out.length < limit) {
+      const q = { since, before, limit: limit === undefined ? undefined : limit - out.length };
+      const d = await this.http.call<WireRevisions>(this.routes.history, params, { query: q });
+      out.push(...d.revisions.map((r) => toRevision<T>(r)));
+      if (d.next === null) break;
+      before = d.next; // a page ends at the server's limit or byte budget: on from there
+    }
+    return out;
+  }
+
+  /**
+   * Put the scope's keys (or only `keys`) back as they were right after change `at`, as new
+   * versions in one transaction, recorded in the feed like any write; a key made since is
+   * deleted, and a restored key does not expire. How many keys changed.
+   * :throws CursorExpired (older than the history kept), InvalidValue (past the newest change), LeaseLost
+   */
+  async restore(at: number, opts: { keys?: readonly string[] } & FenceOption = {}): Promise<number> {
+    this.present("restore");
+    const fence = this.fenced(opts);
+    let body = `{"at":${checkInt("at", at)}`;
+    if (opts.keys !== undefined && opts.keys !== null) {
+      if (!Array.isArray(opts.keys)) throw new InvalidValue("keys must be an array of keys");
+      body += `,"keys":${JSON.stringify(opts.keys.map((k) => checkKey(k)))}`;
+    }
+    return (await this.http.call<WireRestored>(this.routes.restore, this.params, { json: body + "}", fence })).restored;
   }
 }
 

@@ -141,6 +141,24 @@ export class Sessions {
     return (await this.http.call<WirePrunedSessions>(S.prune, {}, { json: body })).sessions;
   }
 
+  /**
+   * A new session of this client's principal whose state is the session's right after change
+   * `at` (default: now), with no turns (SPEC §17); `metadata` defaults to the original's.
+   * Cheap whatever the session holds (its lists are shared until written); a write to either
+   * session never changes the other.
+   * :throws NotFound (unknown, or not this principal's), CursorExpired, InvalidValue
+   */
+  async fork(sessionId: string, opts: { at?: number; metadata?: JsonObject } = {}): Promise<SessionInfo> {
+    const params = sid(sessionId);
+    const at = opts.at === undefined || opts.at === null ? "null" : String(checkInt("at", opts.at));
+    const m = opts.metadata;
+    if (m !== undefined && m !== null && (typeof m !== "object" || Array.isArray(m))) {
+      throw new InvalidValue("metadata must be an object");
+    }
+    const body = `{"at":${at},"metadata":${m === undefined || m === null ? "null" : encodeSized(m)}}`;
+    return toSession(await this.http.call<WireSession>(S.fork, params, { json: body }));
+  }
+
   /** The session's own state (`session:{id}`), after the access check (NotFound). */
   async state(sessionId: string): Promise<Scope> {
     await this.get(sessionId);

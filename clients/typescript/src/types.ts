@@ -4,7 +4,10 @@
  */
 
 import type { JsonObject, JsonValue } from "./json.js";
-import type { WireChange, WireRun, WireRunHead, WireSession, WireSummary } from "./wire.js";
+import type { Versioned } from "./scope.js";
+import type {
+  WireChange, WireDiff, WireRevision, WireRun, WireRunHead, WireSession, WireSummary, WireTyped,
+} from "./wire.js";
 
 /** A time the server sent as ISO-8601 UTC with microseconds: a Date (to the millisecond). */
 export function toDate(iso: string): Date {
@@ -31,6 +34,56 @@ export function toChange(c: WireChange): Change {
     seq: c.seq, at: toDate(c.at), topic: c.topic as Change["topic"], op: c.op, kind: c.kind,
     scopeId: c.scope_id, key: c.key, version: c.version, start: c.start, count: c.count,
   };
+}
+
+/**
+ * One kept change of a key (SPEC §17): its `seq` and `op` in the feed, the key's `version`
+ * after it, when (`at`), and the `value` it held after it (undefined after a delete or an
+ * expiry; a `Uint8Array` for a value written as bytes).
+ */
+export interface Revision<T = JsonValue> {
+  seq: number;
+  version: number;
+  op: string;
+  at: Date;
+  value: T | Uint8Array | undefined;
+}
+
+/** A key changed between two changes: what it was (`before`) and became (`after`). */
+export interface Diff<T = JsonValue> {
+  kind: string;
+  scopeId: string;
+  key: string;
+  before: Versioned<T | Uint8Array>;
+  after: Versioned<T | Uint8Array>;
+}
+
+/** The bytes of base64 text (the past's answers carry bytes so). */
+function fromBase64(text: string): Uint8Array {
+  const bin = atob(text);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+function typedValue(v: { value: JsonValue; type: string }): JsonValue | Uint8Array {
+  return v.type === "bytes" ? fromBase64(v.value as string) : v.value;
+}
+
+export function toRevision<T>(r: WireRevision): Revision<T> {
+  const gone = r.value === null && (r.op === "delete" || r.op === "expire");
+  return { seq: r.seq, version: r.version, op: r.op, at: toDate(r.at),
+    value: gone ? undefined : (typedValue(r) as T | Uint8Array) };
+}
+
+function toVersioned<T>(v: WireTyped): Versioned<T | Uint8Array> {
+  return v.version === 0 ? { value: undefined, version: 0 }
+    : { value: typedValue(v) as T | Uint8Array, version: v.version };
+}
+
+export function toDiff<T>(d: WireDiff): Diff<T> {
+  return { kind: d.kind, scopeId: d.scope_id, key: d.key, before: toVersioned<T>(d.before),
+    after: toVersioned<T>(d.after) };
 }
 
 /** A run's history and snapshot: `entries` in seq order, from the first one kept. */

@@ -73,7 +73,14 @@ export interface WireChange {
 export interface WireChanges { changes: WireChange[]; last: number }
 export interface WireHead { head: number }
 /** Every setting, with its default where none was set. */
-export interface WireSettings { feed_retention?: number }
+export interface WireSettings { feed_retention?: number; history_retention?: number }
+/** A value of the past's answers (SPEC §17): `type` "bytes" for a value written as bytes, its `value` base64. */
+export interface WireTyped { value: JsonValue; version: number; type: string }
+export interface WireRevision { seq: number; version: number; op: string; at: string; value: JsonValue; type: string }
+export interface WireRevisions { revisions: WireRevision[]; next: number | null }
+export interface WireDiff { kind: string; scope_id: string; key: string; before: WireTyped; after: WireTyped }
+export interface WireDiffs { diffs: WireDiff[] }
+export interface WireRestored { restored: number }
 export interface WireProblems { problems: string[] }
 
 // -- their runtime descriptions, held equal to the types by the compiler ---------------
@@ -115,6 +122,7 @@ const TURN = shape<WireTurn>()({
   decision: "any", result: "any", error: "string|null", lease: "number|null",
   lease_until: "number|null", created_at: "string", updated_at: "string",
 });
+const TYPED = shape<WireTyped>()({ value: "any", version: "integer", type: "string" });
 const CHANGE = shape<WireChange>()({
   seq: "integer", at: "string", topic: "string", op: "string", kind: "string|null",
   scope_id: "string|null", key: "string|null", version: "integer|null", start: "integer|null",
@@ -146,7 +154,7 @@ export const ANSWERS = {
   }),
   Pinned: shape<WirePinned>()({ pinned: "boolean" }),
   PrunedRuns: shape<WirePrunedRuns>()({ runs: ["string"] }),
-  Settings: shape<WireSettings>()({ feed_retention: "integer?" }),
+  Settings: shape<WireSettings>()({ feed_retention: "integer?", history_retention: "integer?" }),
   Problems: shape<WireProblems>()({ problems: ["string"] }),
   PrunedSessions: shape<WirePrunedSessions>()({ sessions: ["string"] }),
   Claim: shape<WireClaim>()({ status: "string", result: "any?", error: "string?", entry: "object" }),
@@ -162,6 +170,16 @@ export const ANSWERS = {
   Turns: shape<WireTurns>()({ turns: [TURN], next: "string|null" }),
   Changes: shape<WireChanges>()({ changes: [CHANGE], last: "integer" }),
   Head: shape<WireHead>()({ head: "integer" }),
+  Revisions: shape<WireRevisions>()({
+    revisions: [shape<WireRevision>()({
+      seq: "integer", version: "integer", op: "string", at: "string", value: "any", type: "string",
+    })],
+    next: "integer|null",
+  }),
+  Diffs: shape<WireDiffs>()({
+    diffs: [shape<WireDiff>()({ kind: "string", scope_id: "string", key: "string", before: TYPED, after: TYPED })],
+  }),
+  Restored: shape<WireRestored>()({ restored: "integer" }),
   Stream: "text/event-stream", // server-sent events of WireChange
   Change: CHANGE,
 } as const;
@@ -229,19 +247,21 @@ function keyRoutes(base: string) {
   const k = base + "/keys/{key}";
   const w = { fence: true };
   return {
-    get: r("GET", k, ANSWERS.Versioned),
+    get: r("GET", k, ANSWERS.Versioned, { query: ["as_of"] }),
     put: r("PUT", k, ANSWERS.Version, { ...w, query: ["if_version", "ttl"], body: ["value", "if_version", "ttl", "keep_ttl"] }),
     delete: r("DELETE", k, ANSWERS.Deleted, { ...w, query: ["if_version"] }),
     append: r("POST", k + "/append", ANSWERS.Appended, { ...w, body: ["items", "ttl"] }),
     pop: r("POST", k + "/pop", ANSWERS.Items, { ...w, body: ["n"] }),
     touch: r("POST", k + "/touch", ANSWERS.Touched, { ...w, body: ["ttl"] }),
-    expiresAt: r("GET", k + "/expires_at", ANSWERS.ExpiresAt),
-    slice: r("GET", k + "/slice", ANSWERS.Items, { query: ["start", "stop"] }),
-    length: r("GET", k + "/length", ANSWERS.Length),
-    keys: r("GET", base + "/keys", ANSWERS.Keys, { query: ["prefix", "after", "limit"] }),
-    getMany: r("POST", base + "/get_many", ANSWERS.Many, { body: ["keys"] }),
-    items: r("GET", base + "/items", ANSWERS.KeyValues, { query: ["prefix", "after", "limit"] }),
+    expiresAt: r("GET", k + "/expires_at", ANSWERS.ExpiresAt, { query: ["as_of"] }),
+    slice: r("GET", k + "/slice", ANSWERS.Items, { query: ["start", "stop", "as_of"] }),
+    length: r("GET", k + "/length", ANSWERS.Length, { query: ["as_of"] }),
+    history: r("GET", k + "/history", ANSWERS.Revisions, { query: ["since", "before", "limit"] }),
+    keys: r("GET", base + "/keys", ANSWERS.Keys, { query: ["prefix", "after", "limit", "as_of"] }),
+    getMany: r("POST", base + "/get_many", ANSWERS.Many, { body: ["keys", "as_of"] }),
+    items: r("GET", base + "/items", ANSWERS.KeyValues, { query: ["prefix", "after", "limit", "as_of"] }),
     clear: r("POST", base + "/clear", ANSWERS.Cleared, w),
+    restore: r("POST", base + "/restore", ANSWERS.Restored, { ...w, body: ["at", "keys"] }),
   };
 }
 
@@ -279,6 +299,7 @@ export const ROUTES = {
     turns: r("GET", "/v1/sessions/{session_id}/turns", ANSWERS.Turns, { query: ["after", "limit"] }),
     startTurn: r("POST", "/v1/sessions/{session_id}/turns", ANSWERS.Turn, { body: ["input", "lease", "queued"] }),
     release: r("POST", "/v1/sessions/{session_id}/release", ANSWERS.Turn),
+    fork: r("POST", "/v1/sessions/{session_id}/fork", ANSWERS.Session, { body: ["at", "metadata"] }),
     turnsByStatus: r("GET", "/v1/turns", ANSWERS.Turns, { query: ["status", "after", "limit"] }),
     getTurn: r("GET", "/v1/turns/{turn_id}", ANSWERS.Turn),
     act: r("POST", "/v1/turns/{turn_id}/{action}", ANSWERS.Turn, { body: ["lease", "request", "decision", "result", "error"] }),
@@ -288,6 +309,9 @@ export const ROUTES = {
     setSetting: r("PUT", "/v1/settings/{name}", ANSWERS.Settings, { body: ["value"] }),
     check: r("GET", "/v1/admin/check", ANSWERS.Problems),
     info: r("GET", "/v1/admin/info", "object"),
+  },
+  past: {
+    diff: r("GET", "/v1/diff", ANSWERS.Diffs, { query: ["since", "until", "kind", "scope_id", "key"] }),
   },
   feed: {
     changes: r("GET", "/v1/changes", ANSWERS.Changes, { query: ["since", "wait", "topic", "kind", "scope_id", "key", "limit"] }),

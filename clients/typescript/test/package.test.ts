@@ -145,13 +145,20 @@ describe("the README", () => {
       "tz Asia/Tokyo 2\n2 []\ntrue true\n[ '{\"seq\":0,\"type\":\"note\",\"text\":\"kept\"}' ]\n");
   });
 
+  it("its example of reading the past type-checks and runs against a server", async () => {
+    assert.equal(await runExample("Reading the past", "past"), "{ theme: 'dark' }\n" +
+      "2 put { theme: 'light' }\n1 put { theme: 'dark' }\n" +
+      "settings { theme: 'dark' } -> { theme: 'light' }\n1 { theme: 'dark' }\n1\n");
+  });
+
   it("its example of following the feed type-checks and runs against a server", async () => {
     assert.equal(await runExample("Following the feed", "feed"), "1 append history 0 1\n");
   });
 
   it("every ts block of it is one that these tests run", () => {
     const readme = readFileSync(join(PKG, "README.md"), "utf8");
-    const run = ["Example", "Reads in one call", "Following the feed", "Fenced writes and calls that run once"];
+    const run = ["Example", "Reads in one call", "Reading the past", "Following the feed",
+      "Fenced writes and calls that run once"];
     const blocks = [...readme.matchAll(/^ *```ts$/gm)].map((m) => {
       const headings = [...readme.slice(0, m.index).matchAll(/^## (.*)$/gm)];
       return headings[headings.length - 1]?.[1];
