@@ -330,3 +330,51 @@ def test_a_failed_refresh_is_retried_and_the_page_says_it_is_not_live(browser, s
         browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
     wait_for(browser, lambda d: '"curious"' in d.find_element(By.ID, "value").text)  # no new write
     wait_live(browser)
+
+
+def test_a_key_s_history_and_the_store_as_of_a_change_picked_on_the_feed(browser, served):
+    """SPEC §17 on the pages: another process changes a key; its page lists each revision
+    with what changed; on the feed page, the row of the first write links to the scope and
+    the key as they were right after it, and the form shows any scope as of any change."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    in_other_process(served.db, textwrap.dedent("""\
+        s = db.scope("user", "u-past")
+        s.put("settings", {"theme": "dark", "lang": "en"})
+        s.put("settings", {"theme": "light", "lang": "en", "beta": True})
+        """))
+    sign_in(browser, served)
+    browser.get(served.url + "/ui/scopes/user/u-past/keys/settings")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
+    assert len(rows) == 2
+    assert '~ theme: "dark" → "light"' in rows[0].text and "+ beta: true" in rows[0].text
+    assert "lang" not in rows[0].text
+    first = int(rows[1].find_element(By.CSS_SELECTOR, "td.num").text)
+
+    browser.get(served.url + "/ui/changes")
+    wait_live(browser)
+    in_other_process(served.db, 'db.scope("user", "u-past").put("later", 1)')  # a live row too
+    wait_for(browser, lambda d: "user:u-past later" in d.find_element(By.CSS_SELECTOR, "#tail tr").text)
+    live_row = browser.find_element(By.CSS_SELECTOR, "#tail tr")
+    assert "as_of=" in live_row.find_element(By.LINK_TEXT, "key").get_attribute("href")
+    row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#tail tr")
+               if r.find_element(By.CSS_SELECTOR, "td").text == str(first))
+    row.find_element(By.LINK_TEXT, "scope").click()
+    wait_for(browser, lambda d: f"as_of={first}" in d.current_url)
+    assert f"As it was right after change {first}" in browser.find_element(By.ID, "as-of").text
+    assert '"dark"' in text(browser) and '"light"' not in text(browser)
+    browser.find_element(By.LINK_TEXT, "settings").click()
+    wait_for(browser, lambda d: "/keys/settings?as_of=" in d.current_url)
+    assert '"dark"' in browser.find_element(By.ID, "value").text
+    assert browser.find_element(By.CSS_SELECTOR, "#history tr.then").get_attribute("id") == f"rev-{first}"
+
+    browser.get(served.url + "/ui/changes")
+    field = browser.find_element(By.NAME, "as_of")
+    field.clear()
+    field.send_keys(str(first))
+    Select(browser.find_element(By.NAME, "kind")).select_by_visible_text("user")
+    browser.find_element(By.NAME, "id").send_keys("u-past")
+    browser.find_element(By.CSS_SELECTOR, "form.asof button").click()
+    wait_for(browser, lambda d: d.current_url.endswith(f"/ui/scopes/user/u-past?as_of={first}"))
+    assert '"dark"' in text(browser)

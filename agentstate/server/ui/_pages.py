@@ -11,6 +11,7 @@ from typing import Any
 
 import agentstate
 from agentstate._encoding import check_key
+from agentstate._past import Past
 from agentstate._runs import RunHead, parse_time
 from agentstate.backends.leases import claim_live
 from agentstate.errors import CursorExpired
@@ -32,13 +33,24 @@ def size_of(value: Any) -> int:
 
 
 def scope(db: agentstate.Database, rule: SessionRule, kind: str, scope_id: str,
-          p: agentstate.Principal, rules: Rules = None) -> agentstate.Scope:
+          p: agentstate.Principal, rules: Rules = None,
+          as_of: int | None = None) -> agentstate.Scope:
     """A scope, after the grants and the session rule: what the API's key routes would let
-    ``p`` (with ``rules``, its token's grants) read."""
+    ``p`` (with ``rules``, its token's grants) read; ``as_of``: as it was right after that
+    change (SPEC §17: the same rules)."""
     s = db.scope(kind, scope_id)
     need(p, rules, s.kind, s.id, False)
     rule.check(p, s.kind, s.id)
-    return s
+    return s if as_of is None else Past(db._ops, as_of).scope(s.kind, s.id)
+
+
+def moment(db: agentstate.Database, seq: int) -> Any:
+    """When change ``seq`` was committed, or None (purged, or 0)."""
+    try:
+        found = db.changes(seq - 1, limit=1) if seq > 0 else []
+    except CursorExpired:
+        return None
+    return found[0].at if found and found[0].seq == seq else None
 
 
 def run_grants(p: agentstate.Principal, rules: Rules) -> Rules:
@@ -61,10 +73,12 @@ class Stored:
         return len(self.data) if self.data is not None else len(self.text.encode("utf-8"))
 
 
-def stored(db: agentstate.Database, sc: agentstate.Scope, key: str) -> Stored | None:
-    """A key's row, not decoded (the store's C decoder holds the GIL for a whole value: a
-    hostile 1 MiB of nested lists stalled every request; the pages parse with _json)."""
-    row = db._ops.kv_get(sc.kind, sc.id, key, raw=True)
+def stored(db: agentstate.Database, sc: agentstate.Scope, key: str,
+           as_of: int | None = None) -> Stored | None:
+    """A key's row (``as_of``: right after that change, SPEC §17), not decoded (the store's
+    C decoder holds the GIL for a whole value: a hostile 1 MiB of nested lists stalled every
+    request; the pages parse with _json)."""
+    row = db._ops.kv_get(sc.kind, sc.id, key, raw=True, as_of=as_of)
     if row is None:
         return None
     type_, value, version, items = row

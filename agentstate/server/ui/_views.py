@@ -30,6 +30,7 @@ from .. import _feedread as feed
 from .. import _http as h
 from .. import _json
 from .._limits import LIMITS
+from . import _history
 from . import _pages as pages
 from . import _render
 from ._signin import SignIn, SignIns, csrf_ok, safe_next, same_origin
@@ -278,9 +279,11 @@ class UI:
 
     async def scopes(self, request: Request, s: SignIn) -> Response:
         kind, sid = request.query_params.get("kind", ""), request.query_params.get("id", "")
+        as_of = h.query_int(request, "as_of")  # the feed page's form: a scope as of a change
         if kind and sid:
-            return RedirectResponse(f"/ui/scopes/{quote(kind, safe='')}/{quote(sid, safe='')}", 303,
-                                    headers=HEADERS)
+            then = "" if as_of is None else f"?as_of={as_of}"
+            return RedirectResponse(f"/ui/scopes/{quote(kind, safe='')}/{quote(sid, safe='')}{then}",
+                                    303, headers=HEADERS)
         head = await h.blocking(self.db.last_change)
 
         def read() -> list[Any]:
@@ -296,35 +299,48 @@ class UI:
     async def scope(self, request: Request, s: SignIn) -> Response:
         kind, sid = request.path_params["kind"], request.path_params["id"]
         after = request.query_params.get("after") or None
+        as_of = h.query_int(request, "as_of")  # SPEC §17: the scope as it was then
 
         def read() -> Any:
-            return _keys(self.db, pages.scope(self.db, self.api.rule, kind, sid, s.principal,
-                                              s.rules), after)
+            sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal, s.rules, as_of)
+            return _keys(self.db, sc, after, as_of), _when_of(self.db, as_of)
 
-        keys = await h.blocking(read)
+        keys, then = await h.blocking(read)
         return await self.render(request, "scope.html", s, kind=kind, sid=sid, keys=keys, after=after,
-                           watch=f"kv:{kind}:{sid}")
+                                 as_of=as_of, then=then,
+                                 watch=f"kv:{kind}:{sid}" if as_of is None else "")
 
     async def key(self, request: Request, s: SignIn) -> Response:
         kind, sid, key = (request.path_params[k] for k in ("kind", "id", "key"))
         start = h.query_int(request, "start", 0) or 0
+        as_of = h.query_int(request, "as_of")  # SPEC §17: the value as it was then
+        before = h.query_int(request, "before")  # the history's older page
 
         def read() -> dict[str, Any]:
-            sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal, s.rules)
-            row = pages.stored(self.db, sc, key)
-            if row is None:
-                raise NotFound(f"no key {key!r} in {kind}:{sid}")
+            sc = pages.scope(self.db, self.api.rule, kind, sid, s.principal, s.rules, as_of)
+            row = pages.stored(self.db, sc, key, as_of)
+            revisions, older = ([], None) if _as_json(request) else \
+                _history.history(self.db, sc, check_key(key), before)
+            if row is None and (_as_json(request) or not revisions):
+                raise NotFound(f"no key {key!r} in {kind}:{sid}"
+                               + ("" if as_of is None else f" as of change {as_of}"))
             if _as_json(request):  # the value as stored: JSON, or bytes
+                assert row is not None
                 return {"raw": row.data if row.data is not None else row.text.encode("utf-8"),
                         "bytes": row.data is not None}
-            out: dict[str, Any] = {"expires_at": sc.expires_at(key), "bytes": None, "items": None,
-                                   "size": row.size, "version": row.version}
+            out: dict[str, Any] = {"revisions": revisions, "older": older,
+                                   "then": _when_of(self.db, as_of), "absent": row is None}
+            if row is None:  # gone (now, or then): its history is what the page shows
+                return out
+            out.update({"expires_at": sc.expires_at(key), "bytes": None, "items": None,
+                        "size": row.size, "version": row.version})
             if row.data is not None:
                 out.update(value=None, version=None, bytes=row.data[:4096])
                 return out
             if row.is_list:  # a page of its items, each parsed as far as a page shows
                 out["length"] = sc.length(key)
-                texts = self.db._ops.kv_slice(sc.kind, sc.id, key, start, start + pages.PAGE) or []
+                texts = self.db._ops.kv_slice(sc.kind, sc.id, key, start, start + pages.PAGE,
+                                              as_of=as_of) or []
                 out["items"] = [pages.parse(t)[0] for t in texts]
             else:
                 out["value"] = pages.parse(row.text)[0]
@@ -336,7 +352,8 @@ class UI:
                             media_type="application/octet-stream" if k["bytes"]
                             else "application/json")
         return await self.render(request, "key.html", s, kind=kind, sid=sid, key=key, k=k, start=start,
-                           page=pages.PAGE, watch=f"kv:{kind}:{sid}:{key}")
+                                 page=pages.PAGE, as_of=as_of,
+                                 watch=f"kv:{kind}:{sid}:{key}" if as_of is None else "")
 
     async def changes(self, request: Request, s: SignIn) -> Response:
         head = await h.blocking(self.db.last_change)
@@ -405,12 +422,14 @@ def _next(rows: list[Any], size: int = pages.PAGE) -> str | None:
     return rows[size - 1].id if len(rows) > size else None
 
 
-def _keys(db: agentstate.Database, sc: agentstate.Scope, after: str | None) -> dict[str, Any]:
-    """A page of a scope's keys, each with its version, size, expiry and a preview."""
+def _keys(db: agentstate.Database, sc: agentstate.Scope, after: str | None,
+          as_of: int | None = None) -> dict[str, Any]:
+    """A page of a scope's keys, each with its version, size, expiry and a preview (``sc``
+    and ``as_of``: of the past, SPEC §17)."""
     names = sc.list(after=after, limit=pages.PAGE + 1)
     rows = []
     for key in names[:pages.PAGE]:
-        row = pages.stored(db, sc, key)
+        row = pages.stored(db, sc, key, as_of)
         if row is None:  # expired or deleted meanwhile
             continue
         if row.data is not None:
@@ -421,6 +440,10 @@ def _keys(db: agentstate.Database, sc: agentstate.Scope, after: str | None) -> d
         rows.append({"key": key, "version": version, "size": row.size, "preview": preview,
                      "expires_at": sc.expires_at(key)})
     return {"rows": rows, "next": names[pages.PAGE - 1] if len(names) > pages.PAGE else None}
+
+
+def _when_of(db: agentstate.Database, seq: int | None) -> datetime | None:
+    return None if seq is None else pages.moment(db, seq)
 
 
 def _as_json(request: Request) -> bool:

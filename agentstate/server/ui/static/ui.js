@@ -89,8 +89,16 @@
     else if (c.topic === "run") what = link("/ui/runs/" + enc(c.scope_id), "run " + c.scope_id);
     else if (c.key) what = link("/ui/turns/" + enc(c.key), "turn " + c.key + " of " + c.scope_id);
     else what = document.createTextNode("session " + c.scope_id);
+    // the store as of this change (SPEC §17): the scope and the key right after it
+    var then = document.createElement("span");
+    if (c.topic === "kv") {
+      var scope = "/ui/scopes/" + enc(c.kind) + "/" + enc(c.scope_id);
+      then.appendChild(link(scope + "?as_of=" + enc(c.seq), "scope"));
+      then.appendChild(document.createTextNode(" "));
+      then.appendChild(link(scope + "/keys/" + enc(c.key) + "?as_of=" + enc(c.seq), "key"));
+    }
     [String(c.seq), c.at.replace("T", " ").slice(0, 19) + " UTC", c.topic, c.op, what,
-     c.version === null ? "" : String(c.version)].forEach(function (v) {
+     c.version === null ? "" : String(c.version), then].forEach(function (v) {
       var td = document.createElement("td");
       if (typeof v === "string") td.textContent = v; else td.appendChild(v);
       tr.appendChild(td);
