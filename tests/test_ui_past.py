@@ -10,8 +10,11 @@ import time
 
 import agentstate
 
+from . import test_ui
 from .test_server import signin_cookie
-from .test_ui import XSS, ui  # noqa: F401 (the fixture)
+from .test_ui import XSS
+
+ui = test_ui.ui  # the pages' fixture: a signed-in client factory, on each backend
 
 
 def plain(page: str) -> str:
