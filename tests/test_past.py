@@ -38,6 +38,8 @@ def test_as_of_reads_a_scope_as_it_was_and_refuses_writes(db):
         assert p.get_many(["settings", "later"]) == {"settings": ({"theme": "dark"}, 1),
                                                      "later": (None, 0)}
         assert p.items("s") == [("settings", ({"theme": "dark"}, 1))]
+        assert p.list(limit=0) == [] and p.items(limit=0) == [] and p.list(limit=1) == ["log"]
+        assert p.list(after="log") == ["raw", "settings"] and p.list(after="zz") == []
         assert past.state(user="u-7").user.get("settings") == {"theme": "dark"}
         before = db.last_change()
         for write in (lambda: p.put("k", 1), lambda: p.delete("settings"),

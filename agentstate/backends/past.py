@@ -109,6 +109,8 @@ def states(b: Backend, c: Conn, kind: str, sid: str, prefix: str, after: str | N
     most ``limit``, with their states: the keys it has now and those changed since
     (deleted ones among them) are every key it had."""
     when = moment(b, c, seq)
+    if limit == 0:
+        return []  # as the present's: none (the loop below appends one before it counts)
     lo, hi = _range(prefix, after)
     candidates = sorted(set(b.history.scope_keys(c, kind, sid, lo, hi))
                         | set(b.history.changed_keys(c, kind, sid, seq, lo, hi)))
