@@ -27,6 +27,7 @@ from agentstate.server import create_app
 from .test_expiry import *  # noqa: F403
 from .test_feed import *  # noqa: F403
 from .test_fence import *  # noqa: F403
+from .test_history import *  # noqa: F403
 from .test_once import *  # noqa: F403
 from .test_parity import *  # noqa: F403
 from .test_past import *  # noqa: F403
