@@ -639,7 +639,7 @@ describe("a cursor the feed no longer keeps", () => {
       method: "PUT", body: JSON.stringify({ value }),
       headers: { authorization: `Bearer ${srv.token}`, "content-type": "application/json" } }).then((r) => r.json());
     await db.scope("app", fresh()).put("k", 1); // the feed is not empty
-    assert.equal((await retention(0)).feed_retention, 0); // the feed off: only the head is a cursor
+    assert.equal(((await retention(0)) as { feed_retention: number }).feed_retention, 0); // the feed off: only the head is a cursor
     try {
       await assert.rejects(db.changes({ since: 0 }), CursorExpired);
       await assert.rejects(db.watch(0, { timeout: 5 }), CursorExpired);
