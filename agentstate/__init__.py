@@ -7,12 +7,12 @@ from ._batch import Batch
 from ._calls import NOT_RUN, Claim
 from ._changes import Change
 from ._database import Database, open
-from ._past import Diff, Past, Revision
+from ._past import Diff, Past
 from .backends.base import KEEP
 from .backends.remote import connect
 from ._runs import Record, RunHead, RunStore, SavedState
 from ._sessions import Principal, SessionInfo, Sessions, Turn
-from ._scope import Appended, Scope, State, Versioned
+from ._scope import Appended, Revision, Scope, State, Versioned
 from ._thread import ThreadStateClient, ThreadStateStore
 from .errors import (
     AgentStateError,

@@ -12,28 +12,14 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from ._changes import parse_at
-from ._encoding import check_int, check_key
-from ._scope import ABSENT, Scope, State, Versioned, _value
+from ._encoding import check_int
+from ._scope import ABSENT, Scope, State, Versioned, stored_value
 from .errors import UsageError
 
 if TYPE_CHECKING:
     from .backends.base import Ops
-
-
-class Revision(NamedTuple):
-    """One kept change of a key: its ``seq`` and ``op`` in the feed, the key's ``version``
-    after it, when (``at``), and the ``value`` it held after it (None after a delete or an
-    expiry; bytes for a bytes value)."""
-
-    seq: int
-    version: int
-    op: str
-    at: datetime
-    value: Any
 
 
 class Diff(NamedTuple):
@@ -45,13 +31,6 @@ class Diff(NamedTuple):
     key: str
     before: Versioned
     after: Versioned
-
-
-def stored_value(row: tuple[Any, ...] | None) -> Any:
-    """A stored row's value as history shows it: bytes as bytes, the rest decoded."""
-    if row is None:
-        return None
-    return row[1] if row[0] == "bytes" else _value(row)
 
 
 def versioned(row: tuple[Any, ...] | None) -> Versioned:
@@ -108,18 +87,6 @@ def as_of(ops: Ops, seq: int) -> Iterator[Past]:
     check_int("seq", seq)
     ops.diff(seq, seq, {})  # the store's own check of the seq, of no scope (grants: none needed)
     yield Past(ops, seq)
-
-
-def history(ops: Ops, kind: str, sid: str, key: str, since: int | None, before: int | None,
-            limit: int | None) -> builtins.list[Revision]:
-    check_key(key)
-    for name, v in (("since", since), ("before", before), ("limit", limit)):
-        if v is not None:
-            check_int(name, v)
-    rows = ops.kv_history(kind, sid, key, since or 0, before, limit)
-    return [Revision(seq, version, op, parse_at(at), stored_value(
-        None if type_ is None else (type_, stored, version, items)))
-        for seq, version, op, at, type_, stored, items in rows]
 
 
 def diff_rows(rows: builtins.list[tuple[Any, ...]]) -> builtins.list[Diff]:

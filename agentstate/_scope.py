@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ._changes import parse_at
 from ._encoding import (INT_MIN, MAX_VALUE, SCOPE_KINDS, check_fence, check_int, check_key,
                         check_kind, decode, encode, encode_items, prefix_ok)
 from ._turns import aturn
@@ -88,6 +89,38 @@ def _encode_value(value: Any) -> tuple[str, Any, int, list[str] | None]:
     return "json", text, size, None
 
 
+class Revision(NamedTuple):
+    """One kept change of a key: its ``seq`` and ``op`` in the feed, the key's ``version``
+    after it, when (``at``), and the ``value`` it held after it (None after a delete or an
+    expiry; bytes for a bytes value)."""
+
+    seq: int
+    version: int
+    op: str
+    at: datetime
+    value: Any
+
+
+def stored_value(row: tuple[Any, ...] | None) -> Any:
+    """A stored row's value as history shows it: bytes as bytes, the rest decoded."""
+    if row is None:
+        return None
+    return row[1] if row[0] == "bytes" else _value(row)
+
+
+def _history(ops: Ops, kind: str, sid: str, key: str, since: int | None, before: int | None,
+            limit: int | None) -> builtins.list[Revision]:
+    check_key(key)
+    for name, v in (("since", since), ("before", before), ("limit", limit)):
+        if v is not None:
+            check_int(name, v)
+    rows = ops.kv_history(kind, sid, key, since or 0, before, limit)
+    return [Revision(seq, version, op, parse_at(at), stored_value(
+        None if type_ is None else (type_, stored, version, items)))
+        for seq, version, op, at, type_, stored, items in rows]
+
+
+
 class Scope:
     """The keys of one scope, e.g. ``db.scope("session", "s-42")``."""
 
@@ -117,9 +150,7 @@ class Scope:
         change; None after a delete or an expiry). ``since``: only changes after that seq;
         ``before``: only changes before it (the next page of older ones); ``limit``: at
         most that many."""
-        from ._past import history
-
-        return history(self._ops, self.kind, self.id, key, since, before, limit)
+        return _history(self._ops, self.kind, self.id, key, since, before, limit)
 
     def restore(self, at: int, *, keys: Iterable[str] | None = None, fence: Any = None) -> int:
         """Put the scope's keys (or only ``keys``) back as they were right after change

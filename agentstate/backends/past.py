@@ -151,8 +151,11 @@ def revisions(b: Backend, c: Conn, kind: str, sid: str, key: str, since: int,
               before: int | None, limit: int | None) -> list[Row]:
     """(seq, version, op, at, type, stored, joined list items) of the key's kept changes,
     newest first: what it held right after each (None after a delete or an expiry)."""
-    # what a change left is known while the next change's before-image is kept: from the floor
+    # What a change left is known while the next change's before-image is kept: from the
+    # floor on, while history is on; with it off, only the newest change's (what is there).
     since = max(since, b.history.floor(c) - 1)
+    if not b.history.on(c):
+        limit = 1 if before is None else 0
     out = []
     for seq, op, version, at in b.history.revisions(c, kind, sid, key, since, before, limit):
         row = read(b, c, state(b, c, kind, sid, key, seq, None), seq) \
@@ -212,8 +215,8 @@ def restore(b: Backend, c: Conn, kind: str, sid: str, seq: int, keys: list[str] 
                 b.kv.delete(c, kind, sid, key, None)
                 n += 1
             continue
-        if now is not None and (now[2] == then[0] or (
-                then[1] != "list" and (now[0], now[1]) == (then[1], then[6]))):
+        was = read(b, c, then, seq)
+        if now is not None and (now[2] == then[0] or (was[0], was[1], was[3]) == (now[0], now[1], now[3])):
             continue  # the same version, or the same value again: nothing to put back
         write_back(b, c, kind, sid, key, then, seq)
         n += 1
