@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import _batch, _changes, _grants, _past
 from ._batch import Batch
 from ._changes import Change
-from ._encoding import check_key, fs_path
+from ._encoding import check_key, check_kind, fs_path
 from ._past import Diff, Past
 from ._scope import Scope, State
 from ._runs import RunStore
@@ -132,11 +132,13 @@ class Database:
         return _past.as_of(self._ops, seq)
 
     def diff(self, since: int, until: int | None = None, *, kind: str | None = None,
-             scope_id: str | None = None, key: str | None = None) -> list[Diff]:
+             scope_id: str | None = None, key: str | None = None,
+             after: tuple[str, str, str] | None = None, limit: int | None = None) -> list[Diff]:
         """Every key changed after change ``since`` up to ``until`` (default: the newest),
         ordered by kind, scope id and key: ``Diff(kind, scope_id, key, before, after)``,
         each a ``Versioned`` (absent: ``(None, 0)``); a key changed and changed back is
-        listed with equal values. Filters as in the feed.
+        listed with equal values. Filters as in the feed. Paged: ``after`` (the kind,
+        scope id and key of a page's last) and ``limit``.
 
         :raises CursorExpired: the history kept does not reach back to ``since``.
         :raises InvalidValue: a seq past the newest change, or ``until`` before ``since``.
@@ -146,7 +148,13 @@ class Database:
         if until is not None:
             _changes.check_since(until, 1)
         flt = _changes.filters(None, kind, scope_id, key)
-        return _past.diff_rows(self._ops.diff(since, until, flt))
+        if after is not None:
+            if not isinstance(after, tuple) or len(after) != 3:
+                raise InvalidValue("after is (kind, scope id, key): a page's last Diff's")
+            after = (check_kind(after[0]), check_key(after[1], "scope id"), check_key(after[2]))
+        if limit is not None:
+            _changes.check_since(0, limit)
+        return _past.diff_rows(self._ops.diff(since, until, flt, None, after, limit))
 
     # -- the change feed (SPEC §9) -------------------------------------------
 

@@ -351,3 +351,38 @@ def test_a_fork_is_a_new_session_of_the_caller_with_the_state_then(served):
         == (400, "invalid_value")
     assert err(alice.post(f"/v1/sessions/{sid}/fork", json={"metadata": []})) == (400, "invalid_value")
     assert err(alice.post("/v1/sessions/s-nope/fork", json={})) == (404, "not_found")
+
+
+def test_the_diff_pages_and_filters_in_the_store(served, monkeypatch):
+    """The diff comes a page at a time (limit, next), every key exactly once across the
+    pages; what a caller may not read is left out by the store's own query: the past of
+    3,000 keys it may not read is never read for it (one page of a big diff cost the
+    whole store's)."""
+    from agentstate.backends import past
+
+    db, _app, client = served
+    since = db.last_change()
+    with db.batch() as b:
+        for i in range(3000):
+            b.scope("thread", "t-2").put(f"k{i:04}", i)
+    for i in range(5):
+        db.scope("thread", "t-1").put(f"k{i}", i)
+    got, after = [], None
+    while True:
+        params = {"since": since, "limit": 700, **({"after": after} if after else {})}
+        page = client("ops").get("/v1/diff", params=params).json()
+        assert len(page["diffs"]) <= 700
+        got += [(d["scope_id"], d["key"]) for d in page["diffs"]]
+        after = page["next"]
+        if after is None:
+            break
+    assert len(got) == len(set(got)) == 3005 and got == sorted(got)
+    assert len(db.diff(since)) == 3005 and len(db.diff(since, limit=7)) == 7
+    assert db.diff(since, after=("thread", "t-2", "k2998")) == db.diff(since)[-1:]
+    reads = []
+    real = past.state
+    monkeypatch.setattr(past, "state", lambda *a: reads.append(1) or real(*a))
+    page = client("carol").get("/v1/diff", params={"since": since}).json()
+    assert [d["key"] for d in page["diffs"]] == [f"k{i}" for i in range(5)]
+    assert len(reads) == 10 and page["next"] is None  # before and after of 5 keys
+    assert client("carol").get("/v1/diff", params={"since": since, "after": "x/y"}).status_code == 400

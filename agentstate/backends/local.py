@@ -52,6 +52,7 @@ class LocalOps:
         self.store = backend.store
         self.kv, self.runs, self.sessions = backend.kv, backend.runs, backend.sessions
         self.feed, self.tokens, self.admin = backend.feed, backend.tokens, backend.admin
+        self.history = backend.history
         self._write = backend.store.call_write
         self._read = backend.store.call_read
         self._fence: str | None = None  # the turn whose lease fences every write (fenced())
@@ -224,8 +225,9 @@ class LocalOps:
                    limit: int | None) -> list[Row]:
         return self._past(past.revisions, kind, sid, key, since, before, limit)
 
-    def diff(self, since: int, until: int | None, flt: Filters) -> list[Row]:
-        return self._past(past.diff, since, until, flt)
+    def diff(self, since: int, until: int | None, flt: Filters, readable: Readable | None = None,
+             after: tuple[str, str, str] | None = None, limit: int | None = None) -> list[Row]:
+        return self._past(past.diff, since, until, flt, readable, after, limit)
 
     def kv_restore(self, kind: str, sid: str, seq: int, keys: list[str] | None) -> int:
         return self._write(self._restore, kind, sid, seq, keys)
@@ -530,7 +532,13 @@ class LocalOps:
         return self._read(self.feed.settings)
 
     def set_setting(self, name: str, value: int) -> None:
-        self._write(self.feed.set_setting, name, value)
+        self._write(self._set_setting, name, value)
+
+    def _set_setting(self, c: Any, name: str, value: int) -> None:
+        if value and name in ("history_retention", "feed_retention") \
+                and not self.feed.settings(c)[name]:
+            self.history.restart(c)  # on again: nothing was kept meanwhile, the past starts now
+        self.feed.set_setting(c, name, value)
 
     # -- API tokens (SPEC §12) -------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import CursorExpired, InvalidValue
 from .base import Backend, Conn, Filters, Row, SETTINGS
+from .grants import Readable
 
 State = tuple[Any, ...]
 _END = "\x7f"  # above every key (keys are ASCII below DEL)
@@ -165,15 +166,18 @@ def revisions(b: Backend, c: Conn, kind: str, sid: str, key: str, since: int,
     return out
 
 
-def diff(b: Backend, c: Conn, since: int, until: int | None, flt: Filters) -> list[Row]:
+def diff(b: Backend, c: Conn, since: int, until: int | None, flt: Filters,
+         readable: Readable | None = None, after: tuple[str, str, str] | None = None,
+         limit: int | None = None) -> list[Row]:
     """(kind, scope id, key, before, after) for each key changed after ``since`` up to
-    ``until``: ``kv_get`` rows as they were at each end (None: absent)."""
+    ``until`` (after the key ``after``, at most ``limit``; ``readable``: only what its
+    owner may read): ``kv_get`` rows as they were at each end (None: absent)."""
     end = b.feed.head(c) if until is None else until
     if end < since:
         raise InvalidValue(f"until ({until}) is before since ({since})")
     when_since, when_end = moment(b, c, since), moment(b, c, end)
     out = []
-    for kind, sid, key in b.history.changed(c, since, end, flt):
+    for kind, sid, key in b.history.changed(c, since, end, flt, readable, after, limit):
         out.append((kind, sid, key,
                     read(b, c, state(b, c, kind, sid, key, since, when_since), since),
                     read(b, c, state(b, c, kind, sid, key, end, when_end), end)))
@@ -215,8 +219,8 @@ def restore(b: Backend, c: Conn, kind: str, sid: str, seq: int, keys: list[str] 
                 b.kv.delete(c, kind, sid, key, None)
                 n += 1
             continue
-        was = read(b, c, then, seq)
-        if now is not None and (now[2] == then[0] or (was[0], was[1], was[3]) == (now[0], now[1], now[3])):
+        was = read(b, c, then, seq) or ()
+        if now is not None and (now[2] == then[0] or was[:2] + was[3:] == now[:2] + now[3:]):
             continue  # the same version, or the same value again: nothing to put back
         write_back(b, c, kind, sid, key, then, seq)
         n += 1

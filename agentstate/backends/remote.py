@@ -22,6 +22,7 @@ from .. import errors as E
 from .._encoding import decode
 from .._grants import Rule
 from .base import Batched, Filters, KEEP, Row, Sets, Stored, Ttl
+from .grants import Readable
 from . import wire as W
 from .wire import check_token, check_url, error as _error, redirected
 
@@ -273,14 +274,22 @@ class RemoteOps:
                 break
         return out
 
-    def diff(self, since: int, until: int | None, flt: Filters) -> list[Row]:
-        d = self._call("GET", "/v1/diff", params={"since": since, "until": until, **flt})
-
+    def diff(self, since: int, until: int | None, flt: Filters, readable: Readable | None = None,
+             after: tuple[str, str, str] | None = None, limit: int | None = None) -> list[Row]:
+        # (readable: the server applies its caller's own); without a limit, every page
         def row(v: dict[str, Any]) -> Row | None:
             return None if not v["version"] else (*W.typed(v), v["version"], None)
 
-        return [(x["kind"], x["scope_id"], x["key"], row(x["before"]), row(x["after"]))
-                for x in d["diffs"]]
+        out: list[Row] = []
+        cursor = None if after is None else "/".join(after)
+        while True:
+            d = self._call("GET", "/v1/diff", params={"since": since, "until": until, **flt,
+                                                      "limit": limit, "after": cursor})
+            out += [(x["kind"], x["scope_id"], x["key"], row(x["before"]), row(x["after"]))
+                    for x in d["diffs"]]
+            cursor = d.get("next")
+            if limit is not None or cursor is None:
+                return out
 
     def kv_restore(self, kind: str, sid: str, seq: int, keys: list[str] | None) -> int:
         body = {"at": seq} if keys is None else {"at": seq, "keys": keys}

@@ -17,7 +17,7 @@ from typing import Any
 
 import agentstate
 from agentstate import _grants
-from agentstate._encoding import check_key, check_kind
+from agentstate._encoding import SCOPE_KINDS, check_key, check_kind
 from agentstate._grants import RUNS, Rule
 from agentstate.backends.grants import SESSION_ID, Readable
 from agentstate.errors import Forbidden, NotFound
@@ -70,6 +70,18 @@ def check_route(grant: Any, p: agentstate.Principal | None, rules: Rules,
 def readable(p: agentstate.Principal, rules: Rules) -> Readable | None:
     """The feed filter of a caller with grants (the store applies it), else None."""
     return None if p.admin or rules is None else Readable(p.name, rules)
+
+
+def past_readable(p: agentstate.Principal, rules: Rules) -> Readable | None:
+    """What a caller may read of the store's past, as one filter of the store's query: a
+    token's grants as in the feed; without grants, every scope but other principals'
+    sessions (the session rule, in SQL: every kind by a rule for any id, a session's only
+    its owner's); an admin, everything (None)."""
+    if p.admin:
+        return None
+    if rules is None:
+        rules = tuple(Rule(kind, "", True, False) for kind in SCOPE_KINDS)
+    return Readable(p.name, rules)
 
 
 def of_a_session(c: agentstate.Change) -> str | None:

@@ -178,7 +178,7 @@ ROUTES: list[Route_] = _key_routes() + [
                        "the changes of what it may read: its rules' scopes and runs, its own "
                        "sessions."),
     Route_("GET", "/v1/diff", past.diff, "What changed between two changes",
-           query=("since", "until", "kind", "scope_id", "key"), answer="Diffs",
+           query=("since", "until", "kind", "scope_id", "key", "after", "limit"), answer="Diffs",
            errors=(400, 410), grant="feed", description=past.DIFF),
     Route_("GET", "/v1/changes/head", changes.changes_head, "The newest change's seq",
            answer="Head", errors=(), grant="none"),

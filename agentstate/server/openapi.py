@@ -100,7 +100,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         type=VALUE_TYPE)}, next={"type": ["integer", "null"]}),
     "Diffs": _obj(diffs={"type": "array", "items": _obj(
         kind={"type": "string"}, scope_id={"type": "string"}, key={"type": "string"},
-        before=TYPED, after=TYPED)}),
+        before=TYPED, after=TYPED)}, next={"type": ["string", "null"]}),
     "Restored": _obj(restored=INT),
 }
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from ..base import SETTINGS, Conn, Filters, check_cursor, iso, now_iso
 from ..grants import GrantSQL, Readable
-from . import history
 
 __all__ = ["record", "head", "scan", "settings", "set_setting", "purge_step"]
 
@@ -116,8 +115,6 @@ def settings(c: Conn) -> dict[str, Any]:
 
 
 def set_setting(c: Conn, name: str, value: Any) -> None:
-    if value and name in ("history_retention", "feed_retention") and not setting(c, name):
-        history.restart(c)  # on again: nothing was kept meanwhile, the past starts now
     c.execute("INSERT INTO setting (name, value) VALUES (?, ?) "
               "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from ...errors import Damaged
 from ..base import Conn, Filters
+from ..grants import Readable
+from .feed import GRANTS
 
 Row = tuple[Any, ...]
 # A key's state as the write paths read it (kv.py's _FIND): version, type, list_id,
@@ -215,13 +217,23 @@ def revisions(c: Conn, kind: str, sid: str, key: str, since: int, before: int | 
                                   -1 if limit is None else limit)).fetchall()
 
 
-def changed(c: Conn, since: int, until: int, flt: Filters) -> list[tuple[str, str, str]]:
-    """The keys with a change after ``since`` up to ``until``, by kind, scope id, key."""
+def changed(c: Conn, since: int, until: int, flt: Filters, readable: Readable | None = None,
+            after: tuple[str, str, str] | None = None,
+            limit: int | None = None) -> list[tuple[str, str, str]]:
+    """The keys with a change after ``since`` up to ``until``, by kind, scope id, key:
+    those after ``after``, at most ``limit``; with ``readable``, only those its owner may
+    read (the feed's filter, in the same query)."""
+    params: dict[str, Any] = {"since": since, "until": until, **flt,
+                              "limit": -1 if limit is None else limit}
     where = "".join(f" AND {col} = :{col}" for col in flt)
+    if readable is not None:
+        where += " AND " + GRANTS.readable_sql(readable, params)
+    if after is not None:
+        params.update(ak=after[0], asid=after[1], akey=after[2])
+        where += " AND (kind, scope_id, key) > (:ak, :asid, :akey)"
     return c.execute(
         f"SELECT DISTINCT kind, scope_id, key FROM change WHERE topic = 'kv' AND seq > :since "
-        f"AND seq <= :until{where} ORDER BY kind, scope_id, key",
-        {"since": since, "until": until, **flt}).fetchall()
+        f"AND seq <= :until{where} ORDER BY kind, scope_id, key LIMIT :limit", params).fetchall()
 
 
 # -- settings and the purge ------------------------------------------------------------------

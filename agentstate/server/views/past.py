@@ -15,7 +15,8 @@ from typing import Any
 from starlette.responses import Response
 
 import agentstate
-from agentstate import _changes
+from agentstate import _changes, _past
+from agentstate._encoding import check_key, check_kind
 
 from .. import _access
 from .. import _http as h
@@ -24,6 +25,8 @@ from .._limits import LIMITS
 from .._models import RestoreBody, SessionForkBody
 from .keys import scope
 from .sessions import _session
+
+DIFF_PAGE = 1000  # diffs one answer holds unless limit= says fewer (or more, to list_page)
 
 CHUNK = 32  # revisions read from the store at a time, so a page stops near its byte budget
 HISTORY = (f"Newest first: `{{seq, version, op, at, value, type}}` for each change of the key "
@@ -39,8 +42,10 @@ DIFF = ("One `{kind, scope_id, key, before, after}` per key changed after `since
         "`before` and `after` are `{value, version, type}` (absent: null and 0; `type` as in a "
         "key's history). A key changed and changed back is listed with equal values. Only "
         "what the caller may read: a token with grants sees the scopes its rules cover and "
-        "its own sessions, as in the feed. 400: a seq past the newest change, or `until` "
-        "before `since`; 410: older than the history kept.")
+        "its own sessions, as in the feed. A page at a time: `limit` (default 1,000) and "
+        "`after`, the page before's `next` (`KIND/SCOPE_ID/KEY` of its last diff; null: no "
+        "more). 400: a seq past the newest change, or `until` before `since`; 410: older "
+        "than the history kept.")
 RESTORE = ("One write that puts every key of the scope (or only `keys`) back to its value right "
            "after change `at`, as new versions recorded in the feed; keys made since are "
            "deleted. `{\"restored\"}`: how many keys changed. A restored key does not expire. "
@@ -99,27 +104,31 @@ def history_page(s: agentstate.Scope, key: str, since: int | None, before: int |
 
 
 async def diff(api: API, c: Call) -> Response:
-    """Each key changed after ``since`` up to ``until`` that the caller may read: the
-    session rule and the token's grants leave out the rest, as in the feed."""
+    """Each key changed after ``since`` up to ``until`` that the caller may read, a page
+    at a time (``limit``, default 1,000; ``after``, the ``next`` of the page before): the
+    session rule and the token's grants leave out the rest in the store's own query, as
+    in the feed, so a caller that may read little costs the store little."""
     q = c.request.query_params
     since = h.query_int(c.request, "since", 0)
     until = h.query_int(c.request, "until", None)
-    flt = {k: q[k] for k in ("kind", "scope_id", "key") if q.get(k)}
+    limit = h.query_int(c.request, "limit", DIFF_PAGE, lo=1, hi=LIMITS.list_page) or DIFF_PAGE
+    flt = _changes.filters(**{k: q[k] for k in ("kind", "scope_id", "key") if q.get(k)})
     assert since is not None
-    _changes.filters(**flt)  # a bad filter is 400 before anything is read
+    after = None
+    if q.get("after"):
+        kind, sid, key = (q["after"].split("/") + ["", "", ""])[:3]
+        after = (check_kind(kind), check_key(sid, "scope id"), check_key(key))
+    readable = _access.past_readable(c.p, c.rules)
 
     def read() -> list[agentstate.Diff]:
-        found = api.db.diff(since, until, **flt)
-        if c.p.admin:
-            return found
-        hidden = api.rule.hidden(c.p, {d.scope_id for d in found if d.kind == "session"})
-        return [d for d in found if not (d.kind == "session" and d.scope_id in hidden)
-                and _access.may(c.p, c.rules, d.kind, d.scope_id, False)]
+        return _past.diff_rows(api.db._ops.diff(since, until, flt, readable, after, limit))
 
     found = await h.blocking(read)
+    last = found[-1] if len(found) == limit else None
     return await c.answer({"diffs": [
         {"kind": d.kind, "scope_id": d.scope_id, "key": d.key,
-         "before": value(*d.before), "after": value(*d.after)} for d in found]})
+         "before": value(*d.before), "after": value(*d.after)} for d in found],
+        "next": None if last is None else f"{last.kind}/{last.scope_id}/{last.key}"})
 
 
 async def restore(api: API, c: Call) -> Response:
