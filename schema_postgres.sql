@@ -199,8 +199,13 @@ CREATE TABLE change (
     key      text COLLATE "C",  -- kv: the key; session: the turn id (NULL for the session itself)
     version  bigint,  -- kv: the key's version after the write (delete, expire: the last it had)
     start    bigint,  -- append/pop: first index; run: first seq; else NULL
-    count    bigint   -- how many items or entries from start
+    count    bigint,  -- how many items or entries from start
+    id       bigint   -- kv, while history is on: the change's id (its before-image's, kv_history)
 );
+-- A key's changes in order (SPEC §17: the first change of a key after a seq, a key's
+-- revisions), and a change by its id (whether a popped item went after a seq).
+CREATE INDEX change_by_key ON change (kind, scope_id, key, seq) WHERE topic = 'kv';
+CREATE UNIQUE INDEX change_by_id ON change (id) WHERE id IS NOT NULL;
 
 -- The newest seq handed out: never handed out again, even once purged.
 -- Written only by the sequencers (feed_number), never by a writer.
@@ -237,7 +242,8 @@ CREATE TABLE change_new (
     key      text COLLATE "C",
     version  bigint,
     start    bigint,
-    count    bigint
+    count    bigint,
+    id       bigint  -- as change.id
 );
 CREATE INDEX change_new_xid ON change_new (xid);
 CREATE SEQUENCE change_ticket;
@@ -250,6 +256,68 @@ CREATE SEQUENCE change_ticket;
 -- snapshot, so a write that reads it after taking its transaction id sees any
 -- watcher that registered before that read (see waiter.py for the others).
 CREATE SEQUENCE watch_lease;
+
+-- Value history (SPEC §17). A kv change made while history is on has an id (a
+-- sequence's next value, taken under the key's row lock, so a key's ids follow its
+-- changes' order); the state it replaced (its before-image) is kept under that id in
+-- the write's own statement or function. Changes are numbered only later (feed_number
+-- copies the id), so the past is found through the feed: the state of a key right
+-- after change S is the before-image of its first change after S (none: it was absent),
+-- or its row now when it has not changed since. A change with no id was made while
+-- history was off: what it replaced is unknown.
+CREATE SEQUENCE change_id;
+
+-- Before-images: a key's row as a change found it (live: a created key has none).
+CREATE TABLE kv_history (
+    change_id  bigint PRIMARY KEY,
+    version    bigint NOT NULL,
+    type       text   NOT NULL,
+    value      json,
+    data       bytea,
+    list_id    bigint,  -- a list's items are not copied: its list, as long as length
+    length     bigint,
+    size       integer NOT NULL,
+    updated_at timestamptz NOT NULL,
+    expires_at timestamptz
+);
+CREATE INDEX kv_history_list ON kv_history (list_id) WHERE list_id IS NOT NULL;
+
+-- Items a pop removed, while history is on: a past state of the list reads them.
+CREATE TABLE list_gone (
+    list_id   bigint NOT NULL,
+    idx       bigint NOT NULL,
+    change_id bigint NOT NULL,  -- the pop's
+    item      json   NOT NULL,
+    PRIMARY KEY (list_id, idx, change_id)
+);
+CREATE INDEX list_gone_change ON list_gone (change_id);
+
+-- Lists made from another as it was (a restore's, a fork's: a negative list_id). Such a
+-- list reads its base below base_len where it has no item of its own; a pop of the
+-- base first copies what it removes into it (kv_pop), so what it reads never changes.
+CREATE TABLE list_base (
+    list_id  bigint PRIMARY KEY,
+    base_id  bigint NOT NULL,
+    base_len bigint NOT NULL
+);
+CREATE INDEX list_base_by_base ON list_base (base_id);
+
+-- Lists that may have lost their last reader (key, before-image, list made from them):
+-- the purge empties them a bounded amount at a time.
+CREATE TABLE list_dead (
+    list_id bigint PRIMARY KEY
+);
+
+-- How far back the past is known (one row): right after every change from floor on.
+-- The purge drops what the changes up to floor kept, in seq order; done: how far it
+-- got. The feed's purge never drops a change row above done (the purge finds what a
+-- change kept through its row).
+CREATE TABLE history_head (
+    floor bigint NOT NULL,
+    done  bigint NOT NULL
+);
+CREATE UNIQUE INDEX history_head_one ON history_head ((true));
+INSERT INTO history_head VALUES (0, 0);
 
 -- The store's own id (one row, made with the store): what tells two stores apart where
 -- both are seen at once — the pages' sign-in cookie is named by it (SPEC §16), so two
@@ -292,7 +360,8 @@ CREATE INDEX signin_expiry ON signin (expires_at);
 
 -- One change, as the write functions collect them.
 CREATE TYPE change_row AS (
-    topic text, op text, kind text, scope_id text, key text, version bigint, start bigint, count bigint
+    topic text, op text, kind text, scope_id text, key text, version bigint, start bigint, count bigint,
+    id bigint  -- a kv change's id while history is on (history_id()), else NULL
 );
 
 -- Times as the store shows them: ISO-8601 UTC with microseconds and a Z.
@@ -337,18 +406,18 @@ BEGIN
         RETURN;
     END IF;
     IF current_setting('agentstate.block', true) = 'on' THEN
-        INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
+        INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count, id)
         SELECT pg_current_xact_id(), NULL, nextval('change_ticket'), clock_timestamp(), u.topic, u.op, u.kind,
-               u.scope_id, u.key, u.version, u.start, u.count
-        FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, n)
+               u.scope_id, u.key, u.version, u.start, u.count, u.id
+        FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, id, n)
         ORDER BY u.n;
         RETURN;
     END IF;
     v_ticket := nextval('change_ticket');
-    INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count)
+    INSERT INTO change_new (xid, ticket, ord, at, topic, op, kind, scope_id, key, version, start, count, id)
     SELECT pg_current_xact_id(), v_ticket, u.n, clock_timestamp(), u.topic, u.op, u.kind, u.scope_id, u.key,
-           u.version, u.start, u.count
-    FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, n);
+           u.version, u.start, u.count, u.id
+    FROM unnest(ch) WITH ORDINALITY AS u(topic, op, kind, scope_id, key, version, start, count, id, n);
 END $$;
 
 -- A transaction() block's last statement before its COMMIT: one ticket for all
@@ -423,9 +492,9 @@ DECLARE
 BEGIN
     SELECT last, fence INTO v_last, v_old FROM feed_head;
     WITH moved AS (DELETE FROM change_new WHERE xid >= v_old RETURNING *)
-    INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count)
+    INSERT INTO change (seq, at, topic, op, kind, scope_id, key, version, start, count, id)
     SELECT v_last + row_number() OVER (ORDER BY ticket, ord), at, topic, op, kind, scope_id, key,
-           version, start, count
+           version, start, count, id
     FROM moved;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN  -- else nothing is written (the fence waits for the next numbering)
@@ -436,15 +505,20 @@ END $$;
 
 -- Whether the feed has work for a writer to do after its COMMIT (the client
 -- asks every 16th write: see feed_after): expired keys to purge, rows past the
--- retention, or changes nobody has numbered for a second (a feed nobody
--- reads is numbered by its writers, so that it is purged in time). Index
--- probes in index order, whatever the tables hold.
+-- retention, before-images past history's (SPEC §17) or lists to empty, or
+-- changes nobody has numbered for a second (a feed nobody reads is numbered by
+-- its writers, so that it is purged in time). Index probes in index order,
+-- whatever the tables hold.
 CREATE VIEW feed_due AS
 SELECT coalesce((SELECT expires_at FROM kv WHERE expires_at > '-infinity' ORDER BY expires_at LIMIT 1)
                 <= clock_timestamp(), false)
     OR coalesce((SELECT at FROM change ORDER BY seq LIMIT 1)
                 < clock_timestamp() - coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800)
                                       * interval '1 second', false)
+    OR coalesce((SELECT at FROM change WHERE seq > (SELECT floor FROM history_head) ORDER BY seq LIMIT 1)
+                < clock_timestamp() - coalesce((SELECT value FROM setting WHERE name = 'history_retention'), 86400)
+                                      * interval '1 second', false)
+    OR (SELECT list_id FROM list_dead ORDER BY list_id LIMIT 1) IS NOT NULL
     OR coalesce((SELECT at FROM feed_head) < clock_timestamp() - interval '1 second'
                 AND (SELECT xid FROM change_new WHERE xid >= (SELECT fence FROM feed_head) ORDER BY xid LIMIT 1)
                     IS NOT NULL, false) AS due;
@@ -522,16 +596,112 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
 END $$;
 
--- Make a key's row a tombstone (see kv), deleting a list's items; its change.
+-- Whether writes keep what they replace (SPEC §17): history and the feed both on.
+CREATE FUNCTION history_on() RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT FROM setting WHERE name IN ('history_retention', 'feed_retention') AND value = 0)
+$$;
+
+-- A kv change's id, taken once the key's row is locked: while history is on, a new
+-- one (its before-image is kept under it); else NULL.
+CREATE FUNCTION history_id() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN history_on() THEN nextval('change_id') END
+$$;
+
+-- Keep r (a live row a change replaced or removed) as change p_id's before-image.
+CREATE FUNCTION kv_keep(p_id bigint, r kv) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_id IS NOT NULL THEN
+        INSERT INTO kv_history (change_id, version, type, value, data, list_id, length, size, updated_at,
+                                expires_at)
+        VALUES (p_id, r.version, r.type, r.value, r.data, r.list_id, r.length, r.size, r.updated_at,
+                r.expires_at);
+    END IF;
+END $$;
+
+-- Empty a list now: its items, its popped items, its base row (its base, which may have
+-- lost its last reader, is queued for the purge).
+CREATE FUNCTION list_drop(p_list bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_base bigint;
+BEGIN
+    DELETE FROM list_item WHERE list_id = p_list;
+    DELETE FROM list_gone WHERE list_id = p_list;
+    DELETE FROM list_base WHERE list_id = p_list RETURNING base_id INTO v_base;
+    IF v_base IS NOT NULL THEN
+        INSERT INTO list_dead VALUES (v_base) ON CONFLICT DO NOTHING;
+    END IF;
+END $$;
+
+-- A list stopped being its key's value (replaced, deleted, expired). Kept in a
+-- before-image (p_kept), or read by a list made from it: its items stay (the purge
+-- empties it once nothing reads it). Else they go now, as before history.
+CREATE FUNCTION list_release(p_list bigint, p_kept boolean) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_kept OR EXISTS (SELECT FROM list_base WHERE base_id = p_list) THEN
+        RETURN;
+    END IF;
+    PERFORM list_drop(p_list);
+END $$;
+
+-- The items of a list at p_start..p_stop-1 as it is now, (idx, item text): its own
+-- item at each index, else (a list made from another) its base's, below the base's
+-- length. An index is missing only when the store is damaged (callers check).
+CREATE FUNCTION list_rows(p_list bigint, p_start bigint, p_stop bigint) RETURNS TABLE (idx bigint, item text)
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE chain (list_id, lim, depth) AS (
+        SELECT p_list, p_stop, 0
+        UNION ALL
+        SELECT b.base_id, least(ch.lim, b.base_len), ch.depth + 1
+        FROM chain ch JOIN list_base b ON b.list_id = ch.list_id)
+    SELECT DISTINCT ON (i.idx) i.idx, i.item::text
+    FROM chain ch JOIN list_item i ON i.list_id = ch.list_id AND i.idx >= p_start AND i.idx < ch.lim
+    ORDER BY i.idx, ch.depth
+$$;
+
+-- The same item texts, in order, as an array.
+CREATE FUNCTION list_read(p_list bigint, p_start bigint, p_stop bigint) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(item ORDER BY idx), '{}') FROM list_rows(p_list, p_start, p_stop)
+$$;
+
+-- A new list (its negative id) that reads p_base as it was right after change p_seq
+-- (NULL: as it is now), below p_len (a fork's or a restore's): nothing is copied but what a pop of the base
+-- removed since then (the earliest such item of each index). The purge of dead lists
+-- takes the same lock, so the base is not emptied under it; refused if it was.
+CREATE FUNCTION list_based(p_base bigint, p_len bigint, p_seq bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_list bigint := -nextval('list_seq');
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('agentstate:list:' || current_schema(), p_base));
+    IF NOT (EXISTS (SELECT FROM kv WHERE list_id = p_base) OR EXISTS (SELECT FROM kv_history WHERE list_id = p_base)
+            OR EXISTS (SELECT FROM list_base WHERE base_id = p_base)) THEN
+        PERFORM agentstate_error('CursorExpired',
+            format('the history kept no longer reaches change %s: the list was purged meanwhile', p_seq));
+    END IF;
+    INSERT INTO list_base (list_id, base_id, base_len) VALUES (v_list, p_base, p_len);
+    INSERT INTO list_item (list_id, idx, item)
+    SELECT DISTINCT ON (g.idx) v_list, g.idx, g.item FROM list_gone g
+    WHERE g.list_id = p_base AND g.idx < p_len AND p_seq IS NOT NULL  -- (NULL: as it is now)
+      AND NOT EXISTS (SELECT FROM change c WHERE c.id = g.change_id AND c.seq <= p_seq)
+    ORDER BY g.idx, g.change_id;
+    RETURN v_list;
+END $$;
+
+-- Make a key's row a tombstone (see kv); its change. What it removed is kept (history
+-- on: a list's items stay for it), else a list's items go.
 CREATE FUNCTION kv_remove(r kv, p_op text) RETURNS change_row LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint := history_id();
 BEGIN
     IF r.type = 'list' THEN
-        DELETE FROM list_item WHERE list_id = r.list_id;
+        PERFORM list_release(r.list_id, v_id IS NOT NULL);
     END IF;
-    UPDATE kv SET version = r.version + 1, expires_at = '-infinity', value = NULL, data = NULL, length = NULL,
-                  size = 0, updated_at = clock_timestamp()
+    UPDATE kv SET version = r.version + 1, expires_at = '-infinity', value = NULL, data = NULL, list_id = NULL,
+                  length = NULL, size = 0, updated_at = clock_timestamp()
     WHERE kind = r.kind AND scope_id = r.scope_id AND key = r.key;
-    RETURN ROW('kv', p_op, r.kind, r.scope_id, r.key, r.version, NULL, NULL)::change_row;
+    PERFORM kv_keep(v_id, r);
+    RETURN ROW('kv', p_op, r.kind, r.scope_id, r.key, r.version, NULL, NULL, v_id)::change_row;
 END $$;
 
 -- What a read inside a write transaction takes before it reads (the read
@@ -548,16 +718,18 @@ BEGIN
     ON CONFLICT (kind, scope_id, key) DO UPDATE SET version = t.version WHERE false;
 END $$;
 
--- Write a value (p_items: a list's item texts); the new version. The writes
--- that lean.py's statements cannot do (a list value, an expired row, a
--- refusal with its precise error), and every put inside a transaction() block.
+-- Write a value (p_items: a list's item texts; p_list: a list made from another,
+-- list_based's, of p_length items, instead); the new version. The writes that
+-- lean.py's statements cannot do (a list value, an expired row, a refusal with its
+-- precise error), and every put inside a transaction() block.
 -- p_ttl: seconds from the write, or NULL (never); p_keep: keep the key's expiry.
 -- Times are the write's own (clock_timestamp() once the row is locked), not
 -- its transaction's start: a write late in a long transaction() block
 -- expires p_ttl seconds after it, and sees a key that expired meanwhile as absent.
 CREATE FUNCTION kv_put(p_kind text, p_sid text, p_key text, p_type text, p_value json, p_data bytea,
                        p_size bigint, p_items text[], p_if_version bigint, p_ttl double precision,
-                       p_keep boolean) RETURNS bigint LANGUAGE plpgsql AS $$
+                       p_keep boolean, p_list bigint DEFAULT NULL, p_length bigint DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_now     timestamptz;
     v_expires timestamptz;
@@ -566,12 +738,13 @@ DECLARE
     v_length  bigint;
     v_found   boolean;
     v_live    boolean;
+    v_id      bigint;
     r         kv;
     ch        change_row[] := '{}';
 BEGIN
-    IF p_items IS NULL AND p_if_version IS DISTINCT FROM 0 THEN
-        -- A live key that is not a list: one statement (clock_timestamp() is read
-        -- for the row once it is locked, after any wait).
+    IF p_items IS NULL AND p_list IS NULL AND p_if_version IS DISTINCT FROM 0 AND NOT history_on() THEN
+        -- A live key that is not a list, nothing to keep: one statement (clock_timestamp()
+        -- is read for the row once it is locked, after any wait).
         UPDATE kv SET version = version + 1, type = p_type, value = p_value, data = p_data, size = p_size,
                       updated_at = clock_timestamp(),
                       expires_at = CASE WHEN p_keep THEN expires_at
@@ -581,7 +754,7 @@ BEGIN
           AND type <> 'list' AND (expires_at IS NULL OR expires_at > clock_timestamp())
         RETURNING version INTO v_version;
         IF v_version IS NOT NULL THEN
-            PERFORM feed_add(ARRAY[ROW('kv', 'put', p_kind, p_sid, p_key, v_version, NULL, NULL)::change_row]);
+            PERFORM feed_add(ARRAY[ROW('kv', 'put', p_kind, p_sid, p_key, v_version, NULL, NULL, NULL)::change_row]);
             RETURN v_version;
         END IF;
     END IF;
@@ -600,16 +773,17 @@ BEGIN
                        p_kind, p_sid, p_key, p_if_version, CASE WHEN v_live THEN r.version ELSE 0 END),
                 (CASE WHEN v_live THEN r.version ELSE 0 END)::text);
         END IF;
+        v_id := history_id();
         v_expires := CASE WHEN NOT p_keep THEN v_now + p_ttl * interval '1 second'
                           WHEN v_live THEN r.expires_at END;
-        IF v_live AND r.type = 'list' THEN
-            DELETE FROM list_item WHERE list_id = r.list_id;
+        IF v_live AND r.type = 'list' THEN  -- its items go, or stay for what it was
+            PERFORM list_release(r.list_id, v_id IS NOT NULL);
         END IF;
-        v_list := NULL;
-        v_length := NULL;
+        v_list := p_list;
+        v_length := p_length;
         IF p_items IS NOT NULL THEN
             v_length := cardinality(p_items);
-            v_list := coalesce(r.list_id, nextval('list_seq'));  -- a list's, or a deleted list's: no items
+            v_list := nextval('list_seq');  -- a new list: the one replaced may be kept
         END IF;
         IF NOT v_found THEN
             INSERT INTO kv (kind, scope_id, key, version, type, value, data, list_id, length, size,
@@ -629,8 +803,11 @@ BEGIN
             INSERT INTO list_item (list_id, idx, item)
             SELECT v_list, u.ord - 1, u.item::json FROM unnest(p_items) WITH ORDINALITY AS u(item, ord);
         END IF;
+        IF v_live THEN
+            PERFORM kv_keep(v_id, r);
+        END IF;
         ch := ch || ROW('kv', 'put', p_kind, p_sid, p_key, v_version,
-                        CASE WHEN p_items IS NOT NULL THEN 0 END, v_length)::change_row;
+                        CASE WHEN v_list IS NOT NULL THEN 0 END, v_length, v_id)::change_row;
         PERFORM feed_add(ch);
         RETURN v_version;
     END LOOP;
@@ -670,16 +847,20 @@ END $$;
 CREATE FUNCTION kv_touch(p_kind text, p_sid text, p_key text, p_ttl double precision)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    v_version bigint;
+    r    kv;
+    v_id bigint;
 BEGIN
-    UPDATE kv SET expires_at = clock_timestamp() + p_ttl * interval '1 second'  -- NULL when p_ttl is
-    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key
-      AND (expires_at IS NULL OR expires_at > clock_timestamp())
-    RETURNING version INTO v_version;
-    IF v_version IS NOT NULL THEN
-        PERFORM feed_add(ARRAY[ROW('kv', 'touch', p_kind, p_sid, p_key, v_version, NULL, NULL)::change_row]);
+    SELECT * INTO r FROM kv WHERE kind = p_kind AND scope_id = p_sid AND key = p_key
+      AND (expires_at IS NULL OR expires_at > clock_timestamp()) FOR UPDATE;
+    IF NOT FOUND OR NOT (r.expires_at IS NULL OR r.expires_at > clock_timestamp()) THEN
+        RETURN NULL;  -- absent (or expired while this waited for its lock)
     END IF;
-    RETURN v_version;
+    UPDATE kv SET expires_at = clock_timestamp() + p_ttl * interval '1 second'  -- NULL when p_ttl is
+    WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
+    v_id := history_id();
+    PERFORM kv_keep(v_id, r);  -- its expiry as it was
+    PERFORM feed_add(ARRAY[ROW('kv', 'touch', p_kind, p_sid, p_key, r.version, NULL, NULL, v_id)::change_row]);
+    RETURN r.version;
 END $$;
 
 -- Add items at the end of a list (created if absent), under the key's row
@@ -697,6 +878,7 @@ DECLARE
     v_length  bigint;
     v_size    bigint;
     v_list    bigint;
+    v_id      bigint;
     r         kv;
     ch        change_row[] := '{}';
 BEGIN
@@ -724,7 +906,9 @@ BEGIN
                 IF p_ttl IS NOT NULL THEN
                     UPDATE kv SET expires_at = v_expires
                     WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
-                    ch := ch || ROW('kv', 'touch', p_kind, p_sid, p_key, r.version, NULL, NULL)::change_row;
+                    v_id := history_id();
+                    PERFORM kv_keep(v_id, r);
+                    ch := ch || ROW('kv', 'touch', p_kind, p_sid, p_key, r.version, NULL, NULL, v_id)::change_row;
                 END IF;
                 PERFORM feed_add(ch);
                 o_length := v_length;
@@ -739,6 +923,7 @@ BEGIN
             PERFORM agentstate_error('TooLarge',
                 format('the list would be %s bytes, over the limit of 1048576', v_size), v_size::text);
         END IF;
+        v_id := history_id();
         IF NOT v_found THEN
             v_list := nextval('list_seq');
             INSERT INTO kv (kind, scope_id, key, version, type, list_id, length, size, updated_at, expires_at)
@@ -746,8 +931,8 @@ BEGIN
             ON CONFLICT (kind, scope_id, key) DO NOTHING
             RETURNING version INTO o_version;
             CONTINUE WHEN o_version IS NULL;  -- another writer's row: lock it, and look again
-        ELSIF NOT v_live THEN  -- a tombstone: the list starts again above its version
-            v_list := coalesce(r.list_id, nextval('list_seq'));
+        ELSIF NOT v_live THEN  -- a tombstone: a new list, above its version
+            v_list := nextval('list_seq');
             o_version := r.version + 1;
             UPDATE kv SET version = o_version, type = 'list', value = NULL, data = NULL, list_id = v_list,
                           length = v_n, size = v_size, updated_at = v_now, expires_at = v_expires
@@ -759,10 +944,11 @@ BEGIN
                           updated_at = v_now,
                           expires_at = CASE WHEN p_ttl IS NULL THEN expires_at ELSE v_expires END
             WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
+            PERFORM kv_keep(v_id, r);  -- the list as it was: its list and length
         END IF;
         INSERT INTO list_item (list_id, idx, item)
         SELECT v_list, v_length + u.ord - 1, u.item::json FROM unnest(p_items) WITH ORDINALITY AS u(item, ord);
-        ch := ch || ROW('kv', 'append', p_kind, p_sid, p_key, o_version, v_length, v_n)::change_row;
+        ch := ch || ROW('kv', 'append', p_kind, p_sid, p_key, o_version, v_length, v_n, v_id)::change_row;
         PERFORM feed_add(ch);
         o_length := v_length + v_n;
         RETURN;
@@ -770,6 +956,8 @@ BEGIN
 END $$;
 
 -- Remove the last p_n items of a list: their texts in list order, and the version.
+-- Lists made from this one get the items they read first; while history is on, the
+-- items move to list_gone, where a past state of the list still reads them.
 CREATE FUNCTION kv_pop(p_kind text, p_sid text, p_key text, p_n bigint,
                        OUT o_items text[], OUT o_version bigint)
 LANGUAGE plpgsql AS $$
@@ -778,6 +966,7 @@ DECLARE
     v_k    bigint;
     v_left bigint;
     v_size bigint;
+    v_id   bigint;
     ch     change_row[] := '{}';
 BEGIN
     o_items := '{}';
@@ -803,14 +992,32 @@ BEGIN
         RETURN;
     END IF;
     v_left := r.length - v_k;
-    WITH gone AS (DELETE FROM list_item WHERE list_id = r.list_id AND idx >= v_left RETURNING idx, item)
-    SELECT array_agg(item::text ORDER BY idx), sum(octet_length(item::text)) INTO o_items, v_size FROM gone;
+    o_items := list_read(r.list_id, v_left, r.length);
+    IF cardinality(o_items) <> v_k THEN
+        PERFORM agentstate_error('Damaged', format('list %s: items %s..%s are missing', r.list_id, v_left,
+                                                   r.length - 1));
+    END IF;
+    INSERT INTO list_item (list_id, idx, item)  -- into each list made from this one that reads them
+    SELECT b.list_id, v_left + u.o - 1, u.item::json
+    FROM list_base b CROSS JOIN unnest(o_items) WITH ORDINALITY AS u(item, o)
+    WHERE b.base_id = r.list_id AND b.base_len > v_left + u.o - 1
+      -- not past a live list's end: an append there writes its own item
+      AND v_left + u.o - 1 < coalesce((SELECT k.length FROM kv k WHERE k.list_id = b.list_id), b.base_len)
+    ON CONFLICT (list_id, idx) DO NOTHING;  -- its own item
+    DELETE FROM list_item WHERE list_id = r.list_id AND idx >= v_left;
+    v_id := history_id();
+    IF v_id IS NOT NULL THEN
+        INSERT INTO list_gone (list_id, idx, change_id, item)
+        SELECT r.list_id, v_left + u.o - 1, v_id, u.item::json FROM unnest(o_items) WITH ORDINALITY AS u(item, o);
+        PERFORM kv_keep(v_id, r);
+    END IF;
+    SELECT sum(octet_length(u)) INTO v_size FROM unnest(o_items) AS u;
     -- The JSON of the list loses the items' bytes and one comma each.
     v_size := CASE WHEN v_left = 0 THEN 2 ELSE r.size - v_size - v_k END;
     o_version := r.version + 1;
     UPDATE kv SET version = o_version, length = v_left, size = v_size, updated_at = clock_timestamp()
     WHERE kind = p_kind AND scope_id = p_sid AND key = p_key;
-    ch := ch || ROW('kv', 'pop', p_kind, p_sid, p_key, o_version, v_left, v_k)::change_row;
+    ch := ch || ROW('kv', 'pop', p_kind, p_sid, p_key, o_version, v_left, v_k, v_id)::change_row;
     PERFORM feed_add(ch);
 END $$;
 
@@ -871,7 +1078,7 @@ BEGIN
     END IF;
     IF v_was <> p_pinned THEN
         UPDATE run SET pinned = p_pinned WHERE id = p_id;
-        PERFORM feed_add(ARRAY[ROW('run', 'pin', NULL, p_id, NULL, NULL, NULL, NULL)::change_row]);
+        PERFORM feed_add(ARRAY[ROW('run', 'pin', NULL, p_id, NULL, NULL, NULL, NULL, NULL)::change_row]);
     END IF;
     RETURN p_pinned;
 END $$;
@@ -951,7 +1158,7 @@ BEGIN
         WHERE u.seq >= v_next;
     END IF;
     PERFORM feed_add(ARRAY[ROW('run', CASE WHEN p_create THEN 'create' ELSE 'write' END, NULL, p_id, NULL,
-                               NULL, v_next, v_count)::change_row]);
+                               NULL, v_next, v_count, NULL)::change_row]);
 END $$;
 
 CREATE FUNCTION run_delete(p_id text) RETURNS boolean LANGUAGE plpgsql AS $$
@@ -960,7 +1167,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM feed_add(ARRAY[ROW('run', 'delete', NULL, p_id, NULL, NULL, NULL, NULL)::change_row]);
+    PERFORM feed_add(ARRAY[ROW('run', 'delete', NULL, p_id, NULL, NULL, NULL, NULL, NULL)::change_row]);
     RETURN true;
 END $$;
 
@@ -990,7 +1197,7 @@ BEGIN
     ON CONFLICT (run_id, call_id) DO UPDATE SET seq = excluded.seq, entry = excluded.entry
     WHERE excluded.seq > run_call.seq;
     DELETE FROM run_entry WHERE run_id = p_id AND seq < v_new;
-    PERFORM feed_add(ARRAY[ROW('run', 'trim', NULL, p_id, NULL, NULL, v_new, v_new - v_first)::change_row]);
+    PERFORM feed_add(ARRAY[ROW('run', 'trim', NULL, p_id, NULL, NULL, v_new, v_new - v_first, NULL)::change_row]);
     RETURN v_new - v_first;
 END $$;
 
@@ -1009,7 +1216,7 @@ BEGIN
             FOR UPDATE)
         RETURNING id, updated_at)
     SELECT coalesce(array_agg(id ORDER BY updated_at, id), '{}') INTO v_ids FROM gone;
-    PERFORM feed_add(ARRAY(SELECT ROW('run', 'delete', NULL, i, NULL, NULL, NULL, NULL)::change_row
+    PERFORM feed_add(ARRAY(SELECT ROW('run', 'delete', NULL, i, NULL, NULL, NULL, NULL, NULL)::change_row
                            FROM unnest(v_ids) WITH ORDINALITY AS u(i, ord) ORDER BY ord));
     RETURN v_ids;
 END $$;
@@ -1046,7 +1253,7 @@ BEGIN
     -- the calls a trim took out of the source's history are the fork's too (all below first)
     INSERT INTO run_call (run_id, call_id, seq, entry)
     SELECT p_new, call_id, seq, entry FROM run_call WHERE run_id = p_src;
-    PERFORM feed_add(ARRAY[ROW('run', 'fork', NULL, p_new, NULL, NULL, v_first, v_end - v_first)::change_row]);
+    PERFORM feed_add(ARRAY[ROW('run', 'fork', NULL, p_new, NULL, NULL, v_first, v_end - v_first, NULL)::change_row]);
 END $$;
 
 CREATE FUNCTION session_create(p_id text, p_owner text, p_metadata json) RETURNS text
@@ -1055,7 +1262,7 @@ DECLARE
     v_now timestamptz := clock_timestamp();
 BEGIN
     INSERT INTO session (id, owner, created_at, metadata) VALUES (p_id, p_owner, v_now, p_metadata);
-    PERFORM feed_add(ARRAY[ROW('session', 'create', NULL, p_id, NULL, NULL, NULL, NULL)::change_row]);
+    PERFORM feed_add(ARRAY[ROW('session', 'create', NULL, p_id, NULL, NULL, NULL, NULL, NULL)::change_row]);
     RETURN iso_utc(v_now);
 END $$;
 
@@ -1067,7 +1274,7 @@ BEGIN
     ch := kv_drop_scope('session', p_id);
     DELETE FROM session WHERE id = p_id;
     IF FOUND THEN
-        ch := ch || ROW('session', 'delete', NULL, p_id, NULL, NULL, NULL, NULL)::change_row;
+        ch := ch || ROW('session', 'delete', NULL, p_id, NULL, NULL, NULL, NULL, NULL)::change_row;
     END IF;
     PERFORM feed_add(ch);
 END $$;
@@ -1091,7 +1298,7 @@ BEGIN
         UPDATE turn SET status = 'expired', updated_at = v_now
         WHERE session_id = p_session AND status IN ('queued', 'running', 'resuming') AND lease_until < v_now
         RETURNING id, n)
-    SELECT coalesce(array_agg(ROW('session', 'expired', NULL, p_session, id, NULL, NULL, NULL)::change_row
+    SELECT coalesce(array_agg(ROW('session', 'expired', NULL, p_session, id, NULL, NULL, NULL, NULL)::change_row
                               ORDER BY n), '{}')
     INTO ch FROM lapsed;
     INSERT INTO turn (id, session_id, n, status, input, lease, lease_until, created_at, updated_at)
@@ -1104,7 +1311,7 @@ BEGIN
         PERFORM agentstate_error('SessionBusy',
             format('session %L has an active turn %L', p_session, v_busy), v_busy);
     END IF;
-    PERFORM feed_add(ch || ROW('session', p_status, NULL, p_session, p_id, NULL, NULL, NULL)::change_row);
+    PERFORM feed_add(ch || ROW('session', p_status, NULL, p_session, p_id, NULL, NULL, NULL, NULL)::change_row);
     RETURN t;
 END $$;
 
@@ -1128,7 +1335,7 @@ BEGIN
       AND NOT (status IN ('queued', 'running', 'resuming') AND lease_until < v_now)
     RETURNING * INTO t;
     IF t.id IS NOT NULL THEN
-        PERFORM feed_add(ARRAY[ROW('session', p_to, NULL, t.session_id, p_id, NULL, NULL, NULL)::change_row]);
+        PERFORM feed_add(ARRAY[ROW('session', p_to, NULL, t.session_id, p_id, NULL, NULL, NULL, NULL)::change_row]);
         RETURN t;
     END IF;
     SELECT * INTO t FROM turn WHERE id = p_id;
@@ -1140,25 +1347,89 @@ BEGIN
              ELSE t.status END));
 END $$;
 
--- The bounded purge: up to p_batch feed rows past the retention and up to
--- p_batch expired keys; the expired keys' changes, and how many rows went.
--- Feed rows go from the oldest seq on, up to the first one still within the
--- retention: seqs follow commit order, not `at` (a commit that waited gets a
--- higher seq with an older `at`), so the feed kept is always every seq from
--- its first one on, and a reader's "oldest kept" check (feed.scan) holds.
--- (604800: the default feed_retention, as in agentstate/_feed.py.)
+-- The history's part of a purge step: the floor moves past the changes older than
+-- history_retention (and never stays below the feed's bound, p_bound: the first seq the
+-- feed keeps), and what the changes up to it kept goes, up to p_batch changes' worth, in
+-- seq order; then up to p_batch items of lists nothing reads any more. Under
+-- history_head's row lock (a purge that finds it taken skips this part, and the feed's
+-- rows with it). (seq of the last change whose before-image went, rows gone.)
+CREATE FUNCTION history_purge(p_batch bigint, p_bound bigint, OUT o_done bigint, OUT o_rows bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_keep  bigint := coalesce((SELECT value FROM setting WHERE name = 'history_retention'), 86400);
+    v_floor bigint;
+    v_span  bigint;
+    v_list  bigint;
+    v_n     bigint;
+BEGIN
+    o_rows := 0;
+    SELECT floor, done INTO v_floor, o_done FROM history_head FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        o_done := NULL;  -- another purge holds it
+        RETURN;
+    END IF;
+    SELECT greatest(v_floor, p_bound - 1,
+                    coalesce(min(seq) FILTER (WHERE at >= clock_timestamp() - v_keep * interval '1 second') - 1,
+                             max(seq)))
+    INTO v_floor FROM (SELECT seq, at FROM change WHERE seq > v_floor ORDER BY seq LIMIT p_batch) first_rows;
+    WITH span AS (SELECT seq, id FROM change WHERE seq > o_done AND seq <= v_floor ORDER BY seq LIMIT p_batch),
+         kept AS (DELETE FROM kv_history WHERE change_id IN (SELECT id FROM span) RETURNING list_id),
+         gone AS (DELETE FROM list_gone WHERE change_id IN (SELECT id FROM span) RETURNING 1),
+         dead AS (INSERT INTO list_dead SELECT DISTINCT list_id FROM kept WHERE list_id IS NOT NULL
+                  ON CONFLICT DO NOTHING)
+    SELECT CASE WHEN count(*) < p_batch THEN v_floor ELSE max(seq) END,
+           (SELECT count(*) FROM kept) + (SELECT count(*) FROM gone)
+    INTO o_done, o_rows FROM span;
+    UPDATE history_head SET floor = v_floor, done = o_done;
+    FOR v_list IN SELECT list_id FROM list_dead ORDER BY list_id LIMIT p_batch LOOP
+        EXIT WHEN o_rows >= p_batch;
+        -- list_based's lock: a list made from this one now is not left without its base
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('agentstate:list:' || current_schema(),
+                                                                     v_list));
+        IF EXISTS (SELECT FROM kv WHERE list_id = v_list) OR EXISTS (SELECT FROM kv_history WHERE list_id = v_list)
+           OR EXISTS (SELECT FROM list_base WHERE base_id = v_list) THEN
+            DELETE FROM list_dead WHERE list_id = v_list;  -- read again: not dead
+            CONTINUE;
+        END IF;
+        DELETE FROM list_item WHERE list_id = v_list AND idx IN (
+            SELECT idx FROM list_item WHERE list_id = v_list ORDER BY idx DESC LIMIT p_batch - o_rows);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        o_rows := o_rows + v_n;
+        IF NOT EXISTS (SELECT FROM list_item WHERE list_id = v_list) THEN
+            PERFORM list_drop(v_list);  -- its popped items, its base row (the base then queued)
+            DELETE FROM list_dead WHERE list_id = v_list;
+        END IF;
+    END LOOP;
+END $$;
+
+-- The bounded purge: up to p_batch feed rows past the retention, what history keeps
+-- past its own (history_purge), and up to p_batch expired keys; the expired keys'
+-- changes, and how many rows went. Feed rows go from the oldest seq on, up to the
+-- first one still within the retention: seqs follow commit order, not `at` (a commit
+-- that waited gets a higher seq with an older `at`), so the feed kept is always every
+-- seq from its first one on, and a reader's "oldest kept" check (feed.scan) holds; and
+-- never past what the history's purge has done (it finds a change's before-image
+-- through the change's row). (604800: the default feed_retention, as in
+-- agentstate/_feed.py.)
 CREATE FUNCTION feed_purge_step(p_batch bigint, OUT o_changes change_row[], OUT o_rows bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_retention bigint := coalesce((SELECT value FROM setting WHERE name = 'feed_retention'), 604800);
     v_cutoff    timestamptz := clock_timestamp() - v_retention * interval '1 second';
     v_bound     bigint;
+    v_n         bigint;
+    h           record;
 BEGIN
     SELECT coalesce(min(seq) FILTER (WHERE at >= v_cutoff), max(seq) + 1)
     INTO v_bound FROM (SELECT seq, at FROM change ORDER BY seq LIMIT p_batch) first_rows;
-    DELETE FROM change WHERE seq IN (  -- rows another purge holds are its to delete
-        SELECT seq FROM change WHERE seq < v_bound FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS o_rows = ROW_COUNT;
+    SELECT * INTO h FROM history_purge(p_batch, v_bound);
+    o_rows := h.o_rows;
+    IF h.o_done IS NOT NULL THEN  -- (else another purge holds the history's row: its turn)
+        DELETE FROM change WHERE seq IN (  -- rows another purge holds are its to delete
+            SELECT seq FROM change WHERE seq < least(v_bound, h.o_done + 1) FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        o_rows := o_rows + v_n;
+    END IF;
     o_changes := kv_purge_expired(p_batch);
     o_rows := o_rows + cardinality(o_changes);
 END $$;
@@ -1178,8 +1449,7 @@ END $$;
 -- Every live key with its scope, value and version (expired keys left out).
 CREATE VIEW state AS
 SELECT kind, scope_id, key,
-       CASE type WHEN 'list' THEN (SELECT coalesce(json_agg(item ORDER BY idx), '[]'::json)
-                                   FROM list_item WHERE list_id = kv.list_id)
+       CASE type WHEN 'list' THEN ('[' || array_to_string(list_read(list_id, 0, length), ',') || ']')::json
                  WHEN 'bytes' THEN to_json(bytes_text(data))
                  ELSE value END AS value,
        type, version, length, size, iso_utc(updated_at) AS updated_at, iso_utc(expires_at) AS expires_at
@@ -1216,4 +1486,4 @@ SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.t
        n.scope_id, n.key, n.version, n.start, n.count
 FROM change_new n CROSS JOIN feed_head h;
 
-INSERT INTO agentstate_version (version) VALUES (5);
+INSERT INTO agentstate_version (version) VALUES (6);

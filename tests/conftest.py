@@ -119,7 +119,8 @@ def on_postgres(db) -> bool:
 
 
 PG_TABLES = ("kv", "list_item", "run", "run_entry", "run_call", "session", "turn", "change",
-             "feed_head", "change_new", "setting", "token", "signin")
+             "feed_head", "change_new", "setting", "token", "signin", "kv_history", "list_gone",
+             "list_base", "list_dead", "history_head")
 
 
 def digest(db) -> str:
@@ -127,6 +128,7 @@ def digest(db) -> str:
     db = served(db)
     if not on_postgres(db):
         return file_digest(db.path)
+    db._store.query("SELECT feed_sequence()")  # as a read does: what is committed, numbered
     parts = [db._store.query(f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
                              f"FROM {table} t")[0][0] for table in PG_TABLES]
     parts.append(str(db._store.query("SELECT last_value FROM list_seq")[0][0]))

@@ -340,3 +340,18 @@ def test_history_older_than_its_retention_is_purged_a_little_per_write(db):
         assert sql.execute("SELECT count(*) FROM list_item")[0][0] == 0
         assert sql.execute("SELECT count(*) FROM list_gone")[0][0] == 0
     assert db.check() == []
+
+
+def test_a_fork_shortened_then_its_base_popped_then_the_fork_appended(db):
+    """A pop of the base copies only what a list made from it still reads: not past the
+    end the fork was popped to, where the fork's next append writes its own items."""
+    s = db.sessions.create(ALICE)
+    st = db.sessions.state(s.id, ALICE)
+    st.append("h", ["a", "b", "c", "d"])
+    f = db.sessions.fork(s.id, ALICE)
+    fs = db.sessions.state(f.id, ALICE)
+    assert fs.pop("h", 2) == ["c", "d"]
+    assert st.pop("h", 3) == ["b", "c", "d"]
+    assert fs.append("h", ["x", "y"]).length == 4
+    assert fs.get("h") == ["a", "b", "x", "y"] and st.get("h") == ["a"]
+    assert db.check() == []

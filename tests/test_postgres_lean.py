@@ -106,14 +106,24 @@ def test_a_version_4_store_is_upgraded_keeping_every_value_and_version(pg_admin_
         # (and the expired key's purge, when the first write asked whether one is due)
         assert [c.op for c in db.changes(14) if c.key != "short"] == ["put", "append"]
         assert db.check() == []
-        assert db.info()["schema_version"] == pgstore.SCHEMA_VERSION == 5
+        assert db.info()["schema_version"] == pgstore.SCHEMA_VERSION == 6
+        # value history (schema 6) from the upgrade on: the past before it is not known
+        with pytest.raises(agentstate.CursorExpired):
+            with db.as_of(numbered - 1) as p:
+                p.scope("app", "a").get("keep")
+        seq = db.last_change()
+        assert s.put("keep", {"x": 3}) == 3 and s.pop("l") == [[True]]
+        with db.as_of(seq) as p:
+            assert p.scope("app", "a").get("keep") == {"x": 2}
+            assert p.scope("app", "a").get("l") == [1, [True]]
+        assert [r.version for r in s.history("keep")] == [3]  # (2: before the upgrade)
     assert _catalog(old_url) == _catalog(new_url)
 
 
 # -- the plans of the prepared statements ------------------------------------------------
 
 # Tables a plan may read whole: one row by construction (feed_head, agentstate_version).
-ONE_ROW = ("feed_head", "agentstate_version")
+ONE_ROW = ("feed_head", "agentstate_version", "history_head")
 
 
 def _every_lean_statement(url: str) -> psycopg.Connection:
@@ -382,6 +392,30 @@ def test_a_watcher_that_registers_during_a_write_is_woken_by_it(pg_url, monkeypa
         t.join(WAIT)
         assert [c.key for c in found[0]] == ["k"]
         assert time.monotonic() - committed < 10
+
+
+def test_a_batch_of_thousands_of_ops_is_written(pg_url):
+    """A batch past lean.MAX_OPS goes through the functions (as one statement it was
+    refused: PostgreSQL allows 1,664 columns in a SELECT), still as one transaction."""
+    db = agentstate.open(pg_url)
+    try:
+        kv = db.scope("thread", "t")
+        kv.put("k0", "old")
+        before = db.last_change()
+        with db.batch() as b:
+            for i in range(2000):
+                b.scope("thread", "t").put(f"k{i}", i)
+            b.scope("thread", "t").delete("k1999")
+        assert len(kv.list()) == 1999 and kv.get("k0") == 0 and kv.get("k1998") == 1998
+        assert [c.key for c in db.changes(since=before, limit=3000)][-2:] == ["k1999", "k1999"]
+        with pytest.raises(agentstate.VersionConflict):
+            with db.batch() as b:
+                for i in range(100):
+                    b.scope("thread", "t").put(f"n{i}", i)
+                b.scope("thread", "t").check("k0", if_version=7)
+        assert kv.list(prefix="n") == []
+    finally:
+        db.close()
 
 
 @pytest.mark.slow  # a minute or two: CI runs it with the other long ones (-m slow)

@@ -391,11 +391,11 @@ class LocalOps:
     def _fork_session(self, c: Any, session_id: str, name: str, admin: bool, seq: int | None,
                       metadata: str | None) -> Row:
         original = self.sessions.session_row(c, session_id, name, admin)
-        at = self.feed.head(c) if seq is None else seq
-        past.moment(self.backend, c, at)
+        if seq is not None:
+            past.moment(self.backend, c, seq)
         row = self.sessions.create(c, f"s-{uuid.uuid4().hex}", name,
                                    original[3] if metadata is None else metadata)
-        past.fork(self.backend, c, "session", session_id, row[0], at)
+        past.fork(self.backend, c, "session", session_id, row[0], seq)
         return row
 
     def session_delete(self, session_id: str, name: str, admin: bool) -> None:

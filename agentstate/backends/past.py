@@ -197,7 +197,8 @@ def then_and_now(b: Backend, c: Conn, kind: str, sid: str, seq: int,
 
 # -- writing the past back -----------------------------------------------------------------
 
-def write_back(b: Backend, c: Conn, kind: str, sid: str, key: str, s: State, seq: int) -> int:
+def write_back(b: Backend, c: Conn, kind: str, sid: str, key: str, s: State,
+               seq: int | None) -> int:
     """Write ``s`` (the key's state right after ``seq``) as a new version of ``key`` in the
     scope: a list as one made from the list then (nothing copied). Its expiry is not
     brought back: a restored or forked key does not expire. The new version."""
@@ -227,11 +228,14 @@ def restore(b: Backend, c: Conn, kind: str, sid: str, seq: int, keys: list[str] 
     return n
 
 
-def fork(b: Backend, c: Conn, kind: str, src: str, dst: str, seq: int) -> int:
-    """Copy the scope ``src`` as it was right after ``seq`` into the empty scope ``dst``
-    (a new session's): lists are made from the lists then. How many keys."""
+def fork(b: Backend, c: Conn, kind: str, src: str, dst: str, seq: int | None) -> int:
+    """Copy the scope ``src`` as it was right after ``seq`` (None: as it is now, whatever
+    the feed has numbered) into the empty scope ``dst`` (a new session's): lists are made
+    from the lists then. How many keys."""
     done = 0
-    for key, s in states(b, c, kind, src, "", None, None, seq):
+    found = b.history.present(c, kind, src) if seq is None else \
+        states(b, c, kind, src, "", None, None, seq)
+    for key, s in found:
         write_back(b, c, kind, dst, key, s, seq)
         done += 1
     return done

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..base import Backend
 from ..local import LocalOps
-from . import admin, feed, kv, runs, sessions, tokens
+from . import admin, feed, history, kv, runs, sessions, tokens
 from .store import Store
 
 __all__ = ["connect"]
@@ -25,4 +25,4 @@ def connect(url: str, durability: str, busy_timeout: float) -> LocalOps:
     """
     store = Store(url, durability, busy_timeout)  # its writes purge as they go (feed_add)
     return LocalOps(Backend(store=store, kv=kv, runs=runs, sessions=sessions, feed=feed,
-                            tokens=tokens, admin=admin))
+                            tokens=tokens, admin=admin, history=history))

@@ -48,15 +48,26 @@ INVARIANTS: list[tuple[str, str]] = [
                   ELSE 1 + sum(octet_length(i.item::text) + 1) END)
                || ', indexes ' || coalesce(min(i.idx)::text, '-') || '..' || coalesce(max(i.idx)::text, '-')
         FROM kv k LEFT JOIN list_item i ON i.list_id = k.list_id
-        WHERE k.type = 'list' AND k.{_NOT_TOMBSTONE}
+        WHERE k.type = 'list' AND k.{_NOT_TOMBSTONE} AND k.list_id > 0  -- one made from another: below
         GROUP BY k.kind, k.scope_id, k.key
         HAVING count(i.idx) <> k.length
             OR (CASE WHEN count(i.idx) = 0 THEN 2 ELSE 1 + sum(octet_length(i.item::text) + 1) END) <> k.size
             OR coalesce(min(i.idx), 0) <> 0 OR coalesce(max(i.idx), -1) <> k.length - 1"""),
     ("list items belong to a list", f"""
         SELECT 'list_item list_id ' || list_id, 'items of no list'
-        FROM (SELECT DISTINCT list_id FROM list_item
-              EXCEPT SELECT list_id FROM kv WHERE type = 'list' AND {_NOT_TOMBSTONE}) orphans
+        FROM (SELECT list_id FROM list_item UNION SELECT list_id FROM list_gone
+              EXCEPT SELECT list_id FROM kv WHERE type = 'list' AND {_NOT_TOMBSTONE}
+              EXCEPT SELECT list_id FROM kv_history WHERE list_id IS NOT NULL  -- as it was
+              EXCEPT SELECT base_id FROM list_base  -- read by a list made from it
+              EXCEPT SELECT list_id FROM list_dead) orphans  -- left for the purge
+        UNION ALL
+        SELECT 'kv ' || kind || ':' || scope_id || ' ' || key, 'list ' || list_id || ' has no base'
+        FROM kv WHERE list_id < 0 AND list_id NOT IN (SELECT list_id FROM list_base)
+        UNION ALL
+        SELECT 'kv ' || kind || ':' || scope_id || ' ' || key,
+               'list ' || list_id || ' (made from another) reads ' || cardinality(list_read(list_id, 0, length))
+               || ' of its ' || length || ' items'
+        FROM kv WHERE list_id < 0 AND {_NOT_TOMBSTONE} AND cardinality(list_read(list_id, 0, length)) <> length
         UNION ALL
         SELECT 'list_seq', 'last ' || (SELECT last_value FROM list_seq) || ' is below list_id ' || max(list_id)
         FROM kv WHERE list_id IS NOT NULL HAVING max(list_id) > (SELECT last_value FROM list_seq)"""),

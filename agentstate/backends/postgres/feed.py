@@ -17,7 +17,7 @@ from typing import Any
 
 from ..base import SETTINGS, Filters, check_cursor
 from ..grants import GrantSQL, Readable
-from .statements import READ, SEQUENCE, Conn
+from .statements import AUTO, READ, SEQUENCE, Conn
 
 __all__ = ["head", "scan", "settings", "set_setting"]
 
@@ -30,7 +30,12 @@ def head(c: Conn) -> int:
     Inside a write transaction nothing is numbered (that would hold the
     sequencers' lock until it ends): the newest seq numbered so far.
     """
-    if c.mode is READ:
+    if c.mode is AUTO:
+        c.begin()  # a read inside a write: what follows depends on it
+    elif c.mode is READ:
+        if not c.open:  # numbered and committed before the read's snapshot (as scan's)
+            c.pending[:0] = SEQUENCE
+            return c.execute("SELECT last FROM feed_head").fetchone()[0]
         return c.execute("SELECT feed_sequence()").fetchone()[0]
     return c.execute("SELECT last FROM feed_head").fetchone()[0]
 

@@ -44,6 +44,13 @@ _LIVE = "(expires_at IS NULL OR expires_at > statement_timestamp())"
 _LIVE_LOCKED = "(expires_at IS NULL OR expires_at > (SELECT clock_timestamp()))"
 _READ_LOCK = "SELECT kv_read_lock(%s, %s, %s)"
 _READ_LOCKS = "SELECT count(kv_read_lock(%s, %s, k)) FROM unnest(%s::text[]) AS k"  # in array order
+# A list's items joined; a list made from another (a negative list_id: a fork's, a
+# restore's, SPEC §17) reads them through its base (list_read).
+_ITEMS = """CASE WHEN type = 'list' THEN
+                CASE WHEN list_id > 0 THEN
+                  (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item WHERE list_id = kv.list_id)
+                ELSE array_to_string(list_read(list_id, 0, length), ',') END
+              END"""
 
 
 def _lock(c: Conn, of: str = "") -> str:
@@ -74,11 +81,7 @@ def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
     """(type, value, version, joined list items) in one statement, or None."""
     rows = _read(
         c, kind, sid, key,
-        f"""SELECT type, value::text, data, version,
-                   CASE WHEN type = 'list' THEN
-                     (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
-                      WHERE list_id = kv.list_id)
-                   END
+        f"""SELECT type, value::text, data, version, {_ITEMS}
             FROM kv WHERE {_KEY} AND {_live(c)}{_lock(c)}""",
         {"kind": kind, "sid": sid, "key": key})
     if not rows:
@@ -88,6 +91,7 @@ def get(c: Conn, kind: str, sid: str, key: str) -> Row | None:
 
 
 _PUT = "SELECT kv_put(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_PUT_BASED = "SELECT kv_put(%s, %s, %s, 'list', NULL, NULL, %s, NULL, NULL, NULL, false, %s, %s)"
 _DELETE = "SELECT kv_delete(%s, %s, %s, %s)"
 _APPEND = "SELECT o_length, o_version FROM kv_append(%s, %s, %s, %s, %s, %s)"
 
@@ -117,6 +121,13 @@ def put(c: Conn, kind: str, sid: str, key: str, type_: str, value: Any, size: in
             return version
     return c.execute(_PUT, _put_args(kind, sid, key, type_, value, size, items, if_version,
                                      ttl)).fetchone()[0]
+
+
+def put_based(c: Conn, kind: str, sid: str, key: str, list_id: int, length: int,
+              size: int) -> int:
+    """Write a list made from another as it was (``history.based_list``'s id, SPEC §17: a
+    restore's, a fork's), as a put of a list: no item is copied. The new version."""
+    return c.execute(_PUT_BASED, (kind, sid, key, size, list_id, length)).fetchone()[0]
 
 
 def delete(c: Conn, kind: str, sid: str, key: str, if_version: int | None) -> bool:
@@ -250,7 +261,7 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
     """Item texts of list[start:stop] in one statement; None when not a list."""
     rows = _read(
         c, kind, sid, key,
-        f"""SELECT k.type, i.item::text FROM kv k
+        f"""SELECT k.type, i.item::text, k.list_id, k.length FROM kv k
            LEFT JOIN list_item i ON i.list_id = k.list_id
              AND i.idx >= (CASE WHEN %(start)s < 0 THEN k.length + %(start)s ELSE %(start)s END)
              AND i.idx < (CASE WHEN %(stop)s::bigint IS NULL THEN k.length
@@ -263,6 +274,9 @@ def slice_items(c: Conn, kind: str, sid: str, key: str, start: int,
         return []
     if rows[0][0] != "list":
         return None
+    if rows[0][2] < 0:  # made from another list: read through its base
+        lo, hi, _ = slice(start, stop).indices(rows[0][3])
+        return c.execute("SELECT list_read(%s, %s, %s)", (rows[0][2], lo, max(lo, hi))).fetchone()[0]
     return [r[1] for r in rows if r[1] is not None]
 
 
@@ -293,13 +307,9 @@ def keys(c: Conn, kind: str, sid: str, prefix: str, after: str | None,
         {"kind": kind, "sid": sid, "lo": lo, "hi": hi, "limit": limit}).fetchall()]
 
 
-_MANY = """SELECT key, type, value::text, data, version,
-                   CASE WHEN type = 'list' THEN
-                     (SELECT string_agg(item::text, ',' ORDER BY idx) FROM list_item
-                      WHERE list_id = kv.list_id)
-                   END
-            FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND {where} AND {live}
-            ORDER BY key {limit}"""
+_MANY = f"""SELECT key, type, value::text, data, version, {_ITEMS}
+            FROM kv WHERE kind = %(kind)s AND scope_id = %(sid)s AND {{where}} AND {{live}}
+            ORDER BY key {{limit}}"""
 
 
 def _rows(rows: list[Row]) -> list[Row]:

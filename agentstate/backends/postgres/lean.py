@@ -28,11 +28,13 @@ function then gives), and the write goes the ordinary way, through the server fu
   purge when due, go after the COMMIT, in a transaction of their own (feed_after), only
   then.
 
-The value history to come (SPEC §17) fits the same shape: an upsert's ``DO UPDATE`` and
-an ``UPDATE`` see the row they replace (``t.*`` before ``SET``), so a CTE that selects
-the old value from the same row lock, e.g. ``UPDATE kv t SET ... FROM (SELECT value
-FROM kv WHERE <key> FOR UPDATE) old``, or a ``RETURNING`` of the previous columns saved
-by the ``SET`` itself, can insert the history row in the same statement.
+- Value history (SPEC §17): what a write replaces is the key's row as the statement's
+  snapshot reads it (``b``, with its xmin), kept as the change's before-image (in
+  kv_history, under an id taken after the write) by a CTE of the same statement. The
+  write goes on only while history is off or the row it meets is that very row (the
+  same xmin: no write came between, a touch included); else it does nothing, and the
+  function, which locks the row before it reads it, does the write. A list value is
+  never replaced or deleted here (its items may have to stay for what it was).
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ from ..base import KEEP
 # The tests of a live row and of a tombstone, on the row the statement locked (``t``).
 LIVE = "(t.expires_at IS NULL OR t.expires_at > clock_timestamp())"
 TOMBSTONE = "t.expires_at = '-infinity'"
-_FEED_ON = "NOT EXISTS (SELECT FROM setting WHERE name = 'feed_retention' AND value = 0)"
+# Whether the feed is on, and whether history is kept (history_on()), read once.
+_ON = ("h AS MATERIALIZED (SELECT coalesce(bool_and(name <> 'feed_retention'), true) AS feed, "
+       "count(*) = 0 AS kept FROM setting WHERE name IN ('history_retention', 'feed_retention') "
+       "AND value = 0)")
+_KEPT_COLUMNS = "version, type, value, data, list_id, length, size, updated_at, expires_at"
 # The flags at the end of every statement's row: whether someone watches (read once the
 # write has its transaction id: the query reads the write's rows first), whether the
 # feed has work due (asked by every 16th write of a store, else false).
@@ -59,10 +65,36 @@ def _key(i: str) -> str:
 
 def _feed(values: str, source: str, where: str = "") -> str:
     """The CTE that adds a change row (ticket, ord, op, kind, scope id, key, version, start,
-    count: ``values``) for each row of ``source`` (that passes ``where``)."""
+    count, id: ``values``) for each row of ``source`` (that passes ``where``)."""
     return ("f AS (INSERT INTO change_new (xid, at, topic, ticket, ord, op, kind, scope_id, key, "
-            f"version, start, count) SELECT pg_current_xact_id(), clock_timestamp(), 'kv', {values} "
-            f"FROM {source} WHERE {where + ' AND ' if where else ''}{_FEED_ON})")
+            f"version, start, count, id) SELECT pg_current_xact_id(), clock_timestamp(), 'kv', {values} "
+            f"FROM {source}, h WHERE {where + ' AND ' if where else ''}h.feed)")
+
+
+def _before(i: str) -> str:
+    """The CTE ``b{i}``: the key's row as the statement's snapshot reads it, with its
+    xmin (what the write replaces, if it meets this very row: ``_same``)."""
+    return f"b{i} AS MATERIALIZED (SELECT t.xmin AS x, t.* FROM kv t WHERE {_key(i)})"
+
+
+def _same(i: str) -> str:
+    """The write's condition on the row it meets (``t``): history off, or ``b{i}``'s row."""
+    return f"(NOT (SELECT kept FROM h) OR t.xmin = (SELECT x FROM b{i}))"
+
+
+def _keep(kept: list[tuple[str, str]]) -> str:
+    """The CTE that keeps each (id, i): the before-image ``b{i}`` under that id (from the
+    CTE ``n``), when the id was taken (history on) and the row was not a tombstone."""
+    return ("k AS (INSERT INTO kv_history (change_id, " + _KEPT_COLUMNS + ") "
+            + " UNION ALL ".join(
+                f"SELECT n.{ident}, {', '.join(f'b.{col}' for col in _KEPT_COLUMNS.split(', '))} "
+                f"FROM n, b{i} b WHERE n.{ident} IS NOT NULL AND b.expires_at IS DISTINCT FROM '-infinity'"
+                for ident, i in kept) + ")")
+
+
+def _ident(done: str) -> str:
+    """A change's id, taken after its write (``done``: whether it wrote), while history is on."""
+    return f"CASE WHEN h.kept AND {done} THEN nextval('change_id') END"
 
 
 def _upsert(i: str, after: str = "") -> str:
@@ -79,7 +111,7 @@ def _upsert(i: str, after: str = "") -> str:
     SET version = t.version + 1, type = excluded.type, value = excluded.value, data = excluded.data,
         list_id = NULL, length = NULL, size = excluded.size, updated_at = excluded.updated_at,
         expires_at = CASE WHEN %(keep{i})s AND {LIVE} THEN t.expires_at ELSE excluded.expires_at END
-    WHERE {TOMBSTONE} OR (%(any{i})s AND t.type <> 'list' AND {LIVE})
+    WHERE ({TOMBSTONE} OR (%(any{i})s AND t.type <> 'list' AND {LIVE})) AND {_same(i)}
     RETURNING t.version"""
 
 
@@ -92,17 +124,25 @@ def _cas(i: str, after: str = "") -> str:
         expires_at = CASE WHEN %(keep{i})s THEN t.expires_at
                           ELSE clock_timestamp() + %(ttl{i})s::float8 * interval '1 second' END
     {f"FROM {after} " if after else ""}WHERE {_key(i)} AND t.version = %(if_version{i})s AND t.type <> 'list' AND {LIVE}
+      AND {_same(i)}
     RETURNING t.version"""
 
 
 def _delete(i: str) -> str:
-    """A delete of a live key (at ``if_version``, when given): a tombstone. Its row: the
-    version it had, and a list's list_id (its items go in the same statement)."""
+    """A delete of a live key that is not a list (at ``if_version``, when given): a
+    tombstone. Its row: the version it had."""
     return f"""UPDATE kv t
     SET version = t.version + 1, expires_at = '-infinity', value = NULL, data = NULL, length = NULL,
         size = 0, updated_at = clock_timestamp()
-    WHERE {_key(i)} AND {LIVE} AND (%(if_version{i})s::int8 IS NULL OR t.version = %(if_version{i})s)
-    RETURNING t.version - 1 AS version, CASE WHEN t.type = 'list' THEN t.list_id END AS list_id"""
+    WHERE {_key(i)} AND {LIVE} AND t.type <> 'list'
+      AND (%(if_version{i})s::int8 IS NULL OR t.version = %(if_version{i})s) AND {_same(i)}
+    RETURNING t.version - 1 AS version"""
+
+
+def _left(i: str) -> str:
+    """Whether the key has a row that a delete left (live or expired, not a tombstone):
+    then the delete was not done here."""
+    return f"EXISTS (SELECT FROM kv t WHERE {_key(i)} AND t.expires_at IS DISTINCT FROM '-infinity')"
 
 
 def _check(i: str, absent: bool) -> str:
@@ -133,9 +173,10 @@ def _text(shape: Any, due: bool, build: Any) -> str:
 # -- lone writes -------------------------------------------------------------------------
 
 def _put_text(cas: bool, due: bool) -> str:
-    return (f"WITH w AS ({_cas('') if cas else _upsert('')}), "
-            + _feed("nextval('change_ticket'), 1, 'put', %(kind)s, %(sid)s, %(key)s, w.version, NULL, NULL",
-                    "w")
+    return (f"WITH {_ON}, {_before('')}, w AS ({_cas('') if cas else _upsert('')}), "
+            f"n AS MATERIALIZED (SELECT {_ident('true')} AS id FROM w, h), {_keep([('id', '')])}, "
+            + _feed("nextval('change_ticket'), 1, 'put', %(kind)s, %(sid)s, %(key)s, w.version, NULL, NULL, n.id",
+                    "w, n")
             + " SELECT w.version" + _FLAGS.format(due=_DUE[due]) + " FROM w")
 
 
@@ -158,19 +199,20 @@ def put(c: Any, kind: str, sid: str, key: str, type_: str, value: Any, size: int
     return None if row is None else row[0]
 
 
-_APPEND = f"""WITH w AS (
+_APPEND = f"""WITH {_ON}, {_before("")}, w AS (
     INSERT INTO kv AS t (kind, scope_id, key, version, type, list_id, length, size, updated_at, expires_at)
     SELECT %(kind)s, %(sid)s, %(key)s, 1, 'list',
-           CASE WHEN EXISTS (SELECT FROM kv t WHERE {_key("")}) THEN 0 ELSE nextval('list_seq') END,
+           CASE WHEN EXISTS (SELECT FROM b) THEN 0 ELSE nextval('list_seq') END,
            %(n)s, %(size)s, clock_timestamp(), clock_timestamp() + %(ttl)s::float8 * interval '1 second'
     ON CONFLICT (kind, scope_id, key) DO UPDATE
     SET version = t.version + 1, length = t.length + excluded.length,
         size = t.size + excluded.size - 2 + CASE WHEN t.length > 0 THEN 1 ELSE 0 END,
         updated_at = excluded.updated_at,
         expires_at = CASE WHEN %(ttl)s::float8 IS NULL THEN t.expires_at ELSE excluded.expires_at END
-    WHERE t.type = 'list' AND {LIVE}
+    WHERE t.type = 'list' AND {LIVE} AND {_same("")}
       AND t.size + excluded.size - 2 + CASE WHEN t.length > 0 THEN 1 ELSE 0 END <= 1048576
     RETURNING t.version, t.list_id, t.length),
+n AS MATERIALIZED (SELECT {_ident("true")} AS id FROM w, h), {_keep([("id", "")])},
 i AS (INSERT INTO list_item (list_id, idx, item)
       SELECT w.list_id, w.length - %(n)s + u.o - 1, u.item
       FROM w, json_array_elements(%(items)s::json) WITH ORDINALITY AS u(item, o)),
@@ -186,7 +228,7 @@ def append(c: Any, kind: str, sid: str, key: str, items: list[str], items_size: 
     removed, so then the INSERT creates it): a refused append takes none."""
     def build() -> str:
         return (_APPEND + _feed("nextval('change_ticket'), 1, 'append', %(kind)s, %(sid)s, %(key)s, "
-                                "w.version, w.length - %(n)s, %(n)s", "w")
+                                "w.version, w.length - %(n)s, %(n)s, n.id", "w, n")
                 + " SELECT w.length, w.version" + _FLAGS.format(due=_DUE[c.tidy]) + " FROM w")
 
     return c.lean(_text("append", c.tidy, build), {
@@ -198,16 +240,16 @@ def append(c: Any, kind: str, sid: str, key: str, items: list[str], items_size: 
 def delete(c: Any, kind: str, sid: str, key: str, if_version: int | None) -> bool | None:
     """A delete: True (it was live), False (no live key, none expired: without
     ``if_version``), or None: not done (kv_delete's turn: an expired key, whose
-    ``expire`` change it records, or ``if_version`` given and not matched)."""
+    ``expire`` change it records, a list, a row changed meanwhile, or ``if_version``
+    given and not matched)."""
     def build() -> str:
-        return (f"WITH w AS ({_delete('')}), "
-                "i AS (DELETE FROM list_item WHERE list_id = (SELECT list_id FROM w)), "
+        return (f"WITH {_ON}, {_before('')}, w AS ({_delete('')}), "
+                f"n AS MATERIALIZED (SELECT {_ident('true')} AS id FROM w, h), {_keep([('id', '')])}, "
                 + _feed("nextval('change_ticket'), 1, 'delete', %(kind)s, %(sid)s, %(key)s, w.version, "
-                        "NULL, NULL", "w")
+                        "NULL, NULL, n.id", "w, n")
                 + " SELECT EXISTS (SELECT FROM w)" + _FLAGS.format(due=_DUE[c.tidy])
-                + " WHERE EXISTS (SELECT FROM w) OR (%(if_version)s::int8 IS NULL AND NOT EXISTS ("
-                f"SELECT FROM kv t WHERE {_key('')} AND t.expires_at <= clock_timestamp() "
-                "AND t.expires_at > '-infinity'))")
+                + " WHERE EXISTS (SELECT FROM w) OR (%(if_version)s::int8 IS NULL AND NOT "
+                + _left("") + ")")
 
     row = c.lean(_text("delete", c.tidy, build),
                  {"kind": kind, "sid": sid, "key": key, "if_version": if_version})
@@ -216,10 +258,18 @@ def delete(c: Any, kind: str, sid: str, key: str, if_version: int | None) -> boo
 
 # -- a batch -----------------------------------------------------------------------------
 
+# The most ops a batch's one statement holds: each is a few CTEs and a column of its
+# results (PostgreSQL allows 1,664 columns; a statement of thousands of CTEs is planned
+# slower than the functions run), and each shape is a statement prepared per connection.
+MAX_OPS = 64
+
+
 def batchable(ops: list[tuple[str, str, str, str, tuple[Any, ...], dict[str, Any]]]) -> bool:
-    """Whether a batch can go as one statement: checks, puts of JSON or bytes values and
-    deletes, each of a key of its own (a key written twice, or checked and written, goes
-    through the functions, one op after another)."""
+    """Whether a batch can go as one statement: up to MAX_OPS checks, puts of JSON or
+    bytes values and deletes, each of a key of its own (a key written twice, or checked
+    and written, goes through the functions, one op after another)."""
+    if len(ops) > MAX_OPS:
+        return False
     seen = set()
     for op, kind, sid, key, args, _kw in ops:
         if op == "put" and args[3] is not None:  # a list value: its items
@@ -249,8 +299,8 @@ def _chain_text(shape: tuple[str, ...], due: bool) -> str:
     once the op before it yielded one, so that a check or a first put that fails leaves
     nothing written and no row; a later put that fails, after others wrote, raises
     agentstate:Fallback (which undoes the statement). The changes of the puts under one
-    ticket taken after the last write."""
-    ctes, puts, before = [], [], ""
+    ticket taken after the last write, their ids (and before-images) after the writes."""
+    ctes, puts, before = [_ON], [], ""
     for n, op in enumerate(shape, 1):
         i = str(n)
         if op == "check":
@@ -258,16 +308,20 @@ def _chain_text(shape: tuple[str, ...], due: bool) -> str:
             ctes.append(f"o{i} AS MATERIALIZED (SELECT 1 FROM kv t{join} WHERE {_key(i)} AND {LIVE} "
                         f"AND t.version = %(if_version{i})s FOR UPDATE OF t)")
         else:
+            ctes.append(_before(i))
             ctes.append(f"o{i} AS ({_cas(i, before) if op == 'cas' else _upsert(i, before)})")
             puts.append(i)
         before = f"o{i}"
     first, *rest = puts
-    rows = ", ".join(f"({i}, 'put', %(kind{i})s, %(sid{i})s, %(key{i})s, o{i}.version, NULL::int8, NULL::int8)"
-                     for i in puts)
     sources = ", ".join(f"o{i}" for i in puts)
-    ctes.append(_feed("tk.ticket, v.ord, v.op, v.kind, v.sid, v.key, v.version, v.start, v.count",
-                      f"(SELECT nextval('change_ticket') AS ticket) tk, {sources}, "
-                      f"LATERAL (VALUES {rows}) AS v(ord, op, kind, sid, key, version, start, count)"))
+    ctes.append("n AS MATERIALIZED (SELECT " + ", ".join(f"{_ident('true')} AS n{i}" for i in puts)
+                + f" FROM {sources}, h)")
+    ctes.append(_keep([(f"n{i}", i) for i in puts]))
+    rows = ", ".join(f"({i}, 'put', %(kind{i})s, %(sid{i})s, %(key{i})s, o{i}.version, NULL::int8, NULL::int8, "
+                     f"n.n{i})" for i in puts)
+    ctes.append(_feed("tk.ticket, v.ord, v.op, v.kind, v.sid, v.key, v.version, v.start, v.count, v.id",
+                      f"(SELECT nextval('change_ticket') AS ticket) tk, {sources}, n, "
+                      f"LATERAL (VALUES {rows}) AS v(ord, op, kind, sid, key, version, start, count, id)"))
     outs = ", ".join(f"o{i}.version" for i in puts)
     joins = "".join(f" LEFT JOIN o{i} ON true" for i in rest)
     refuse = ("CASE WHEN " + " OR ".join(f"o{i}.version IS NULL" for i in rest)
@@ -280,9 +334,10 @@ def _chain_text(shape: tuple[str, ...], due: bool) -> str:
 def _batch_text(shape: tuple[str, ...], due: bool) -> str:
     """The statement of a batch of this shape: each op a CTE (``o1``, ``o2``, ...), run in
     order by ``r`` (scalar sub-selects are evaluated in order, each when it is reached),
-    which is the ops' results; the changes under one ticket taken after every write; and
-    the error agentstate:Fallback, which undoes the statement, when an op was not done."""
-    ctes, results, fails, changes = [], [], [], []
+    which is the ops' results; the changes under one ticket taken after every write, their
+    ids (and before-images) too; and the error agentstate:Fallback, which undoes the
+    statement, when an op was not done."""
+    ctes, results, fails, changes, writes = [_ON], [], [], [], []
     for n, op in enumerate(shape, 1):
         i = str(n)
         if op in ("check", "check0"):
@@ -293,24 +348,31 @@ def _batch_text(shape: tuple[str, ...], due: bool) -> str:
             else:
                 results.append(f"(SELECT bool_and(ok) FROM o{i}) AS r{i}")
                 fails.append(f"r{i} = false")
-        elif op in ("put", "cas"):
+            continue
+        ctes.append(_before(i))
+        writes.append(i)
+        if op in ("put", "cas"):
             ctes.append(f"o{i} AS ({_cas(i) if op == 'cas' else _upsert(i)})")
             results.append(f"(SELECT version FROM o{i}) AS r{i}")
             fails.append(f"r{i} IS NULL")
-            changes.append(f"({i}, 'put', %(kind{i})s, %(sid{i})s, %(key{i})s, r.r{i}, NULL::int8, NULL::int8)")
+            changes.append(f"({i}, 'put', %(kind{i})s, %(sid{i})s, %(key{i})s, r.r{i}, NULL::int8, NULL::int8, "
+                           f"n.n{i})")
         else:
             ctes.append(f"o{i} AS ({_delete(i)})")
-            ctes.append(f"i{i} AS (DELETE FROM list_item WHERE list_id = (SELECT list_id FROM o{i}))")
             results.append(f"(SELECT version FROM o{i}) AS r{i}")
-            fails.append(f"(r{i} IS NULL AND %(if_version{i})s::int8 IS NOT NULL)")
+            # not done here: at a version not matched, or a row left (a list, expired, changed)
+            fails.append(f"(r{i} IS NULL AND (%(if_version{i})s::int8 IS NOT NULL OR {_left(i)}))")
             changes.append(f"({i}, 'delete', %(kind{i})s, %(sid{i})s, %(key{i})s, r.r{i}, NULL::int8, "
-                           "NULL::int8)")
+                           f"NULL::int8, n.n{i})")
     ctes.append("r AS MATERIALIZED (SELECT " + ", ".join(results) + ")")
     if changes:
-        ctes.append("tk AS MATERIALIZED (SELECT nextval('change_ticket') AS ticket FROM r)")
-        ctes.append(_feed("tk.ticket, v.ord, v.op, v.kind, v.sid, v.key, v.version, v.start, v.count",
-                          "r, tk, LATERAL (VALUES " + ", ".join(changes) + ") AS v(ord, op, kind, sid, "
-                          "key, version, start, count)", "v.version IS NOT NULL"))
+        ctes.append("n AS MATERIALIZED (SELECT "
+                    + ", ".join(f"{_ident(f'r.r{i} IS NOT NULL')} AS n{i}" for i in writes) + " FROM r, h)")
+        ctes.append(_keep([(f"n{i}", i) for i in writes]))
+        ctes.append("tk AS MATERIALIZED (SELECT nextval('change_ticket') AS ticket FROM n)")
+        ctes.append(_feed("tk.ticket, v.ord, v.op, v.kind, v.sid, v.key, v.version, v.start, v.count, v.id",
+                          "r, n, tk, LATERAL (VALUES " + ", ".join(changes) + ") AS v(ord, op, kind, sid, "
+                          "key, version, start, count, id)", "v.version IS NOT NULL"))
     outs = ", ".join(f"r.r{n}" for n in range(1, len(shape) + 1))
     refuse = ("CASE WHEN " + " OR ".join(fails)
               + " THEN agentstate_error('Fallback', 'the batch goes through the functions') END")

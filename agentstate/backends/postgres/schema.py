@@ -20,7 +20,8 @@ from .errors import translate
 from .statements import first, quiet_rollback
 
 OUR_TABLES = ("kv", "list_item", "run", "run_entry", "run_call", "session", "turn", "change",
-              "feed_head", "change_new", "setting", "store", "token", "signin")
+              "feed_head", "change_new", "setting", "store", "token", "signin", "kv_history",
+              "list_gone", "list_base", "list_dead", "history_head")
 
 
 def schema_text() -> str:
@@ -120,16 +121,38 @@ def _v4_to_v5(c: psycopg.Connection) -> None:
     for name in ("feed_add", "feed_close", "feed_pending", "kv_remove", "kv_read_lock", "kv_put",
                  "kv_delete", "kv_append", "kv_pop", "kv_drop_scope", "kv_purge_expired"):
         c.execute(schema_function(name))
-    for name in ("feed_due", "feed_watched"):
-        c.execute(schema_object(name))
+    c.execute(schema_object("feed_watched"))  # (feed_due: in _v5_to_v6, it reads history's tables)
     for name in ("feed_after", "feed_notify", "feed_watch"):
         c.execute(schema_function(name))
+
+
+def _v5_to_v6(c: psycopg.Connection) -> None:
+    """Issue 39: value history (SPEC §17). Changes get ids (change_row too: every
+    function that makes one is replaced), before-images, popped items, lists made from
+    lists; the past is known from the newest change on. A tombstone no longer names a
+    list (its items are gone), a new list value always gets a new list."""
+    c.execute("ALTER TYPE change_row ADD ATTRIBUTE id bigint")
+    c.execute("ALTER TABLE change ADD COLUMN id bigint")
+    c.execute("ALTER TABLE change_new ADD COLUMN id bigint")
+    c.execute("CREATE SEQUENCE change_id")
+    for name in ("change_by_key", "change_by_id", "kv_history", "kv_history_list", "list_gone",
+                 "list_gone_change", "list_base", "list_base_by_base", "list_dead", "history_head",
+                 "history_head_one"):
+        c.execute(schema_object(name))
+    c.execute("INSERT INTO history_head (floor, done) SELECT last, last FROM feed_head")
+    c.execute("UPDATE kv SET list_id = NULL WHERE expires_at = '-infinity' AND list_id IS NOT NULL")
+    c.execute("DROP FUNCTION kv_put(text, text, text, text, json, bytea, bigint, text[], bigint, "
+              "double precision, boolean)")
+    c.execute("DROP VIEW IF EXISTS feed_due, state")
+    _functions(c, tuple(re.findall(r"^CREATE FUNCTION (\w+)\(", SCHEMA, re.M)))
+    for name in ("feed_due", "state"):
+        c.execute(schema_object(name))
 
 
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
 # one transaction (under the advisory lock) that opens it.
 MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
 
 
 def ensure_schema(c: psycopg.Connection, where: str) -> str:

@@ -15,6 +15,7 @@ amount per write.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -78,10 +79,12 @@ def _drop_list(c: Conn, list_id: int) -> None:
 
 
 # A pop's items, copied first into each list made from this one that reads them (below its
-# base length, where it has no item of its own): what it reads never changes.
+# base length, where it has no item of its own, and not past a live list's end, where an
+# append writes its own): what it reads never changes.
 _GIVE = """INSERT INTO list_item (list_id, idx, item)
            SELECT b.list_id, ?2, ?3 FROM list_base b
            WHERE b.base_id = ?1 AND b.base_len > ?2
+             AND ?2 < coalesce((SELECT length FROM kv WHERE list_id = b.list_id), b.base_len)
              AND NOT EXISTS (SELECT 1 FROM list_item i WHERE i.list_id = b.list_id AND i.idx = ?2)"""
 
 
@@ -98,10 +101,11 @@ def pop_items(c: Conn, list_id: int, left: int, items: list[str], seq: int | Non
                       [(list_id, left + i, seq, t) for i, t in enumerate(items)])
 
 
-def based_list(c: Conn, base_id: int, base_len: int, base_seq: int) -> int:
-    """A new list that reads ``base_id`` as it was right after change ``base_seq``, below
-    ``base_len`` (a fork's or a restore's); its (negative) id. Nothing is copied but what
-    a pop of the base removed since then (the earliest such item of each index)."""
+def based_list(c: Conn, base_id: int, base_len: int, base_seq: int | None) -> int:
+    """A new list that reads ``base_id`` as it was right after change ``base_seq`` (None:
+    as it is now), below ``base_len`` (a fork's or a restore's); its (negative) id.
+    Nothing is copied but what a pop of the base removed since then (the earliest such
+    item of each index)."""
     list_id = -c.execute(_NEW_LIST).fetchone()[0]
     c.execute("INSERT INTO list_base (list_id, base_id, base_len) VALUES (?, ?, ?)",
               (list_id, base_id, base_len))
@@ -193,6 +197,14 @@ def changed_keys(c: Conn, kind: str, sid: str, since: int, lo: str | None = None
         "AND seq > ?3 AND key >= coalesce(?4, '') AND key < coalesce(?5, char(127))",
         (kind, sid, since, lo, hi)).fetchall()
     return [r[0] for r in rows]
+
+
+def present(c: Conn, kind: str, sid: str) -> list[tuple[str, State]]:
+    """The scope's live keys now with their states, by key (a fork of the present)."""
+    return [(r[0], tuple(r[1:])) for r in c.execute(
+        "SELECT key, version, type, list_id, length, size, expires_at, value, updated_at FROM kv "
+        "WHERE kind = ?1 AND scope_id = ?2 AND (expires_at IS NULL OR expires_at > ?3) ORDER BY key",
+        (kind, sid, time.time())).fetchall()]
 
 
 def scope_keys(c: Conn, kind: str, sid: str, lo: str | None = None,
@@ -308,5 +320,5 @@ def _purge_dead(c: Conn, batch: int) -> int:
 
 
 __all__ = ["on", "keep", "release_list", "pop_items", "based_list", "list_items", "floor",
-           "moment", "state_at", "changed_keys", "scope_keys", "revisions", "changed", "restart",
+           "moment", "state_at", "changed_keys", "scope_keys", "present", "revisions", "changed", "restart",
            "purge_step"]

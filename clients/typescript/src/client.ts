@@ -101,7 +101,8 @@ export class Database {
    * Every key changed after change `since` up to `until` (default: the newest) that this
    * token may read, ordered by kind, scope id and key: `{ kind, scopeId, key, before, after }`,
    * each a Versioned (absent: `{ value: undefined, version: 0 }`; bytes: a Uint8Array). A key
-   * changed and changed back is listed with equal values.
+   * changed and changed back is listed with equal values. (The server answers a page at a
+   * time; this follows every page.)
    * :throws CursorExpired, InvalidValue (a seq past the newest change, `until` before `since`)
    */
   async diff<T = JsonValue>(since: number, opts: DiffOptions = {}): Promise<Diff<T>[]> {
@@ -112,7 +113,14 @@ export class Database {
       scope_id: opts.scopeId === undefined ? undefined : checkKey(opts.scopeId, "scopeId"),
       key: opts.key === undefined ? undefined : checkKey(opts.key),
     };
-    return (await this.http.call<WireDiffs>(ROUTES.past.diff, {}, { query: q })).diffs.map((d) => toDiff<T>(d));
+    const out: Diff<T>[] = [];
+    let after: string | undefined;
+    for (;;) { // the server answers a page at a time: every page, in order
+      const page = await this.http.call<WireDiffs>(ROUTES.past.diff, {}, { query: { ...q, after } });
+      out.push(...page.diffs.map((d) => toDiff<T>(d)));
+      if (page.next === null || page.next === undefined) return out;
+      after = page.next;
+    }
   }
 
   /** Every setting of the store, with its default where none was set (`feed_retention`: seconds). */

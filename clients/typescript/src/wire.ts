@@ -79,7 +79,7 @@ export interface WireTyped { value: JsonValue; version: number; type: string }
 export interface WireRevision { seq: number; version: number; op: string; at: string; value: JsonValue; type: string }
 export interface WireRevisions { revisions: WireRevision[]; next: number | null }
 export interface WireDiff { kind: string; scope_id: string; key: string; before: WireTyped; after: WireTyped }
-export interface WireDiffs { diffs: WireDiff[] }
+export interface WireDiffs { diffs: WireDiff[]; next: string | null }
 export interface WireRestored { restored: number }
 export interface WireProblems { problems: string[] }
 
@@ -178,6 +178,7 @@ export const ANSWERS = {
   }),
   Diffs: shape<WireDiffs>()({
     diffs: [shape<WireDiff>()({ kind: "string", scope_id: "string", key: "string", before: TYPED, after: TYPED })],
+    next: "string|null",
   }),
   Restored: shape<WireRestored>()({ restored: "integer" }),
   Stream: "text/event-stream", // server-sent events of WireChange
@@ -311,7 +312,7 @@ export const ROUTES = {
     info: r("GET", "/v1/admin/info", "object"),
   },
   past: {
-    diff: r("GET", "/v1/diff", ANSWERS.Diffs, { query: ["since", "until", "kind", "scope_id", "key"] }),
+    diff: r("GET", "/v1/diff", ANSWERS.Diffs, { query: ["since", "until", "kind", "scope_id", "key", "limit", "after"] }),
   },
   feed: {
     changes: r("GET", "/v1/changes", ANSWERS.Changes, { query: ["since", "wait", "topic", "kind", "scope_id", "key", "limit"] }),

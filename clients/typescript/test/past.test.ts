@@ -90,6 +90,20 @@ describe("history, diff, restore and fork", () => {
     await assert.rejects(s.history("k", { limit: -1 }), InvalidValue);
   });
 
+  it("diff follows the server's pages (1,000 keys each): every key once, in order", async () => {
+    const id = fresh();
+    const since = await db.lastChange();
+    const keys = Array.from({ length: 1001 }, (_, i) => `k${String(i).padStart(4, "0")}`);
+    for (const part of [keys.slice(0, 500), keys.slice(500)]) { // (a batch holds 1,000 ops at most)
+      const b = db.batch();
+      for (const k of part) b.scope("thread", id).put(k, k);
+      await b.commit();
+    }
+    const got = await db.diff(since, { kind: "thread", scopeId: id });
+    assert.deepEqual(got.map((d) => d.key), keys);
+    assert.equal(got[1000].after.value, "k1000");
+  });
+
   it("diff: every key changed between two changes, filtered, before and after", async () => {
     const a = db.scope("user", fresh());
     await a.put("x", 1);
