@@ -285,6 +285,10 @@ def test_installed_executable(tmp_path):
     assert exe, "pip install . puts agentstate on PATH"
     db_path = str(tmp_path / "x.db")
     env = {**os.environ, "AGENTSTATE_DB": db_path}
+    missing = subprocess.run([exe, "put", "app:a", "k", "[1]"], capture_output=True, text=True, env=env)
+    assert missing.returncode == 1 and missing.stderr.startswith("Error: not_found:")  # SPEC §16
+    assert not os.path.exists(db_path)
+    assert subprocess.run([exe, "init"], capture_output=True, text=True, env=env).returncode == 0
     ok = subprocess.run([exe, "put", "app:a", "k", "[1]"], capture_output=True, text=True, env=env)
     assert ok.returncode == 0, ok.stderr
     got = subprocess.run([exe, "--json", "get", "app:a", "k"], capture_output=True, text=True, env=env)
