@@ -537,7 +537,9 @@ class LocalOps:
     def _set_setting(self, c: Any, name: str, value: int) -> None:
         if value and name in ("history_retention", "feed_retention") \
                 and not self.feed.settings(c)[name]:
-            self.history.restart(c)  # on again: nothing was kept meanwhile, the past starts now
+            # on again: nothing was kept meanwhile, the past starts now (the feed off: what
+            # was written meanwhile has no seq, the past starts after the next change)
+            self.history.restart(c, unseen=name == "feed_retention")
         self.feed.set_setting(c, name, value)
 
     # -- API tokens (SPEC §12) -------------------------------------------------

@@ -177,7 +177,8 @@ def diff(b: Backend, c: Conn, since: int, until: int | None, flt: Filters,
         raise InvalidValue(f"until ({until}) is before since ({since})")
     when_since, when_end = moment(b, c, since), moment(b, c, end)
     out = []
-    for kind, sid, key in b.history.changed(c, since, end, flt, readable, after, limit):
+    window = (when_since, b.store.clock() if when_end is None else when_end)
+    for kind, sid, key in b.history.changed(c, since, end, flt, readable, after, limit, window):
         out.append((kind, sid, key,
                     read(b, c, state(b, c, kind, sid, key, since, when_since), since),
                     read(b, c, state(b, c, kind, sid, key, end, when_end), end)))
@@ -186,11 +187,12 @@ def diff(b: Backend, c: Conn, since: int, until: int | None, flt: Filters,
 
 def then_and_now(b: Backend, c: Conn, kind: str, sid: str, seq: int,
                  keys: list[str] | None) -> list[tuple[str, State | None, Row | None]]:
-    """For a restore: each key of the scope (or of ``keys``) that changed after ``seq``,
-    with its state then and its ``kv_get`` row now, by key."""
+    """For a restore: each key of the scope (or of ``keys``) that changed after ``seq``
+    (an expiry included), with its state then and its ``kv_get`` row now, by key."""
     when = moment(b, c, seq)
-    changed = b.history.changed_keys(c, kind, sid, seq)
-    wanted = sorted(set(changed) if keys is None else set(keys) & set(changed))
+    changed = set(b.history.changed_keys(c, kind, sid, seq))  # and those expired since:
+    changed.update(b.history.expired_keys(c, kind, sid, when, b.store.clock()))
+    wanted = sorted(changed if keys is None else set(keys) & changed)
     return [(key, state(b, c, kind, sid, key, seq, when), b.kv.get(c, kind, sid, key))
             for key in wanted]
 

@@ -276,19 +276,21 @@ class RemoteOps:
 
     def diff(self, since: int, until: int | None, flt: Filters, readable: Readable | None = None,
              after: tuple[str, str, str] | None = None, limit: int | None = None) -> list[Row]:
-        # (readable: the server applies its caller's own); without a limit, every page
+        # (readable: the server applies its caller's own); every page up to the limit (a
+        # page may end early, past the server's byte budget: a short page is not the end)
         def row(v: dict[str, Any]) -> Row | None:
             return None if not v["version"] else (*W.typed(v), v["version"], None)
 
         out: list[Row] = []
         cursor = None if after is None else "/".join(after)
         while True:
-            d = self._call("GET", "/v1/diff", params={"since": since, "until": until, **flt,
-                                                      "limit": limit, "after": cursor})
+            d = self._call("GET", "/v1/diff", params={
+                "since": since, "until": until, **flt, "after": cursor,
+                "limit": None if limit is None else limit - len(out)})
             out += [(x["kind"], x["scope_id"], x["key"], row(x["before"]), row(x["after"]))
                     for x in d["diffs"]]
             cursor = d.get("next")
-            if limit is not None or cursor is None:
+            if cursor is None or (limit is not None and len(out) >= limit):
                 return out
 
     def kv_restore(self, kind: str, sid: str, seq: int, keys: list[str] | None) -> int:

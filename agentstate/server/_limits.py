@@ -89,9 +89,9 @@ LIMITS = Limits(
           "without `limit` a list answers every item"),
     Limit("history_page", 1000, "revisions", "GET .../keys/{key}/history: the most revisions a "
           "page holds (the default; a bigger `limit` gets this many and a `next`)"),
-    Limit("history_bytes", 16 * MIB, "bytes", "GET .../keys/{key}/history: a page ends early "
-          "once its values pass this (a list's every revision holds its whole list); `next` "
-          "goes on"),
+    Limit("history_bytes", 16 * MIB, "bytes", "GET .../keys/{key}/history and GET /v1/diff: a "
+          "page ends early once its values pass this (a list's every revision holds its whole "
+          "list); `next` goes on"),
     Limit("form_body", 4 * MIB, "bytes", "a form of the pages at /ui (a decision of up to 1 MiB)"),
     Limit("run_page_search", 64 * MIB, "bytes", "of entries a run's page reads after itself, "
           "looking for its open calls' results (then: \"no result in the entries searched\")"),

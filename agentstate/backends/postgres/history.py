@@ -193,11 +193,13 @@ def revisions(c: Conn, kind: str, sid: str, key: str, since: int, before: int | 
 
 
 def changed(c: Conn, since: int, until: int, flt: Filters, readable: Readable | None = None,
-            after: tuple[str, str, str] | None = None,
-            limit: int | None = None) -> list[Row]:
+            after: tuple[str, str, str] | None = None, limit: int | None = None,
+            window: tuple[float | None, float] | None = None) -> list[Row]:
     """The keys with a change after ``since`` up to ``until``, by kind, scope id, key:
     those after ``after``, at most ``limit``; with ``readable``, only those its owner may
-    read (the feed's filter, in the same query)."""
+    read (the feed's filter, in the same query). ``window`` (the times of since and
+    until): also the keys that expired in between with no change in the span (the
+    change that records an expiry comes when something meets the key: not yet, or later)."""
     _first(c)
     params: dict[str, Any] = {"since": since, "until": until, **flt, "limit": limit}
     where = "".join(f" AND {col} = %({col})s" for col in flt)
@@ -206,9 +208,33 @@ def changed(c: Conn, since: int, until: int, flt: Filters, readable: Readable | 
     if after is not None:
         params.update(ak=after[0], asid=after[1], akey=after[2])
         where += " AND (kind, scope_id, key) > (%(ak)s, %(asid)s, %(akey)s)"
+    source = "SELECT topic, kind, scope_id, key FROM change WHERE topic = 'kv' AND seq > %(since)s " \
+             "AND seq <= %(until)s"
+    if window is not None:
+        params.update(t0=window[0], t1=window[1])
+        source += f""" UNION ALL {_EXPIRED_NOW} UNION ALL
+            SELECT c.topic, c.kind, c.scope_id, c.key FROM change c JOIN kv_history h ON h.change_id = c.id
+            WHERE c.topic = 'kv' AND c.op = 'expire' AND c.seq > %(until)s
+              AND h.expires_at > {_T0} AND h.expires_at <= to_timestamp(%(t1)s)"""
     return c.execute(
-        f"SELECT DISTINCT kind, scope_id, key FROM change WHERE topic = 'kv' AND seq > %(since)s "
-        f"AND seq <= %(until)s{where} ORDER BY kind, scope_id, key LIMIT %(limit)s", params).fetchall()
+        f"SELECT DISTINCT kind, scope_id, key FROM ({source}) found WHERE true{where} "
+        "ORDER BY kind, scope_id, key LIMIT %(limit)s", params).fetchall()
+
+
+_T0 = "coalesce(to_timestamp(%(t0)s::float8), '-infinity')"
+# Rows that expired after t0 and by t1 and are still there (no change records it yet;
+# tombstones, at '-infinity', are never after t0).
+_EXPIRED_NOW = ("SELECT 'kv' AS topic, kind, scope_id, key FROM kv "
+                f"WHERE expires_at > {_T0} AND expires_at <= to_timestamp(%(t1)s)")
+
+
+def expired_keys(c: Conn, kind: str, sid: str, after: float | None, upto: float) -> list[str]:
+    """The keys of a scope whose row expired after ``after`` (None: ever) and by ``upto``
+    with no change recording it yet."""
+    _first(c)
+    return [r[3] for r in c.execute(
+        _EXPIRED_NOW + " AND kind = %(kind)s AND scope_id = %(sid)s",
+        {"t0": after, "t1": upto, "kind": kind, "sid": sid}).fetchall()]
 
 
 # -- writes ----------------------------------------------------------------------------------
@@ -220,12 +246,15 @@ def based_list(c: Conn, base_id: int, base_len: int, base_seq: int | None) -> in
     return c.execute("SELECT list_based(%s, %s, %s)", (base_id, base_len, base_seq)).fetchone()[0]
 
 
-def restart(c: Conn) -> None:
-    """History (re)starts now: nothing before the newest numbered change is known (a
-    change not numbered yet made while it was off has no id: state_at refuses it)."""
+def restart(c: Conn, unseen: bool) -> None:
+    """History (re)starts now: the past is known from right after the newest numbered
+    change on; ``unseen`` (the feed was off: writes got no seq, so what that change left
+    may have changed since), only from the next change on. (A change not numbered yet
+    made while history was off has no id: state_at refuses it.)"""
     _first(c)
-    c.execute("UPDATE history_head SET floor = greatest(floor, (SELECT last FROM feed_head))")
+    c.execute("UPDATE history_head SET floor = greatest(floor, (SELECT last FROM feed_head) + %s)",
+              (int(unseen),))
 
 
 __all__ = ["on", "floor", "moment", "state_at", "list_items", "changed_keys", "scope_keys",
-           "revisions", "changed", "based_list", "restart", "present"]
+           "revisions", "changed", "expired_keys", "based_list", "restart", "present"]

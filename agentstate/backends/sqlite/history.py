@@ -230,11 +230,13 @@ def revisions(c: Conn, kind: str, sid: str, key: str, since: int, before: int | 
 
 
 def changed(c: Conn, since: int, until: int, flt: Filters, readable: Readable | None = None,
-            after: tuple[str, str, str] | None = None,
-            limit: int | None = None) -> list[tuple[str, str, str]]:
+            after: tuple[str, str, str] | None = None, limit: int | None = None,
+            window: tuple[float | None, float] | None = None) -> list[tuple[str, str, str]]:
     """The keys with a change after ``since`` up to ``until``, by kind, scope id, key:
     those after ``after``, at most ``limit``; with ``readable``, only those its owner may
-    read (the feed's filter, in the same query)."""
+    read (the feed's filter, in the same query). ``window`` (the times of since and
+    until): also the keys that expired in between with no change in the span (the
+    change that records an expiry comes when something meets the key: not yet, or later)."""
     params: dict[str, Any] = {"since": since, "until": until, **flt,
                               "limit": -1 if limit is None else limit}
     where = "".join(f" AND {col} = :{col}" for col in flt)
@@ -243,17 +245,42 @@ def changed(c: Conn, since: int, until: int, flt: Filters, readable: Readable | 
     if after is not None:
         params.update(ak=after[0], asid=after[1], akey=after[2])
         where += " AND (kind, scope_id, key) > (:ak, :asid, :akey)"
+    source = "SELECT topic, kind, scope_id, key FROM change WHERE topic = 'kv' AND seq > :since " \
+             "AND seq <= :until"
+    if window is not None:
+        params.update(t0=float("-inf") if window[0] is None else window[0], t1=window[1])
+        source += f""" UNION ALL {_EXPIRED_NOW} UNION ALL
+            SELECT c.topic, c.kind, c.scope_id, c.key FROM change c JOIN kv_history h ON h.seq = c.seq
+            WHERE c.topic = 'kv' AND c.op = 'expire' AND c.seq > :until
+              AND h.expires_at > :t0 AND h.expires_at <= :t1"""
     return c.execute(
-        f"SELECT DISTINCT kind, scope_id, key FROM change WHERE topic = 'kv' AND seq > :since "
-        f"AND seq <= :until{where} ORDER BY kind, scope_id, key LIMIT :limit", params).fetchall()
+        f"SELECT DISTINCT kind, scope_id, key FROM ({source}) WHERE true{where} "
+        "ORDER BY kind, scope_id, key LIMIT :limit", params).fetchall()
+
+
+# Rows that expired after :t0 and by :t1 and are still there (no change records it yet).
+_EXPIRED_NOW = ("SELECT 'kv' AS topic, kind, scope_id, key FROM kv "
+                "WHERE expires_at > :t0 AND expires_at <= :t1")
+
+
+def expired_keys(c: Conn, kind: str, sid: str, after: float | None, upto: float) -> list[str]:
+    """The keys of a scope whose row expired after ``after`` (None: ever) and by ``upto``
+    with no change recording it yet."""
+    return [r[3] for r in c.execute(
+        _EXPIRED_NOW + " AND kind = :kind AND scope_id = :sid",
+        {"t0": float("-inf") if after is None else after, "t1": upto, "kind": kind,
+         "sid": sid}).fetchall()]
 
 
 # -- settings and the purge ------------------------------------------------------------------
 
-def restart(c: Conn) -> None:
-    """History (re)starts now: nothing before the head is known (SPEC §17)."""
+def restart(c: Conn, unseen: bool) -> None:
+    """History (re)starts now (SPEC §17): the past is known from right after the head on;
+    ``unseen`` (the feed was off: writes got no seq, so what the head's change left may
+    have changed since), only from the next change on (a read of the head reads the
+    present)."""
     c.execute("UPDATE history_head SET floor = max(floor, (SELECT coalesce(max(seq), 0) "
-              "FROM change))")
+              "FROM change) + ?)", (int(unseen),))
 
 
 # Of the ?1 changes after the floor, those before the first one still within the
@@ -320,5 +347,6 @@ def _purge_dead(c: Conn, batch: int) -> int:
 
 
 __all__ = ["on", "keep", "release_list", "pop_items", "based_list", "list_items", "floor",
-           "moment", "state_at", "changed_keys", "scope_keys", "present", "revisions", "changed", "restart",
+           "moment", "state_at", "changed_keys", "scope_keys", "present", "revisions", "changed",
+           "expired_keys", "restart",
            "purge_step"]

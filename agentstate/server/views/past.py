@@ -17,6 +17,7 @@ from starlette.responses import Response
 import agentstate
 from agentstate import _changes, _past
 from agentstate._encoding import check_key, check_kind
+from agentstate.errors import InvalidValue
 
 from .. import _access
 from .. import _http as h
@@ -43,9 +44,11 @@ DIFF = ("One `{kind, scope_id, key, before, after}` per key changed after `since
         "key's history). A key changed and changed back is listed with equal values. Only "
         "what the caller may read: a token with grants sees the scopes its rules cover and "
         "its own sessions, as in the feed. A page at a time: `limit` (default 1,000) and "
-        "`after`, the page before's `next` (`KIND/SCOPE_ID/KEY` of its last diff; null: no "
-        "more). 400: a seq past the newest change, or `until` before `since`; 410: older "
-        "than the history kept.")
+        "`after`, the page before's `next` (`KIND/SCOPE_ID/KEY/UNTIL`: its last diff, and "
+        "the change the diff is up to, so that the pages of one diff are of one moment; "
+        "null: no more). A page ends early once its values pass "
+        f"{LIMITS.history_bytes:,} bytes. 400: a seq past the newest change, or `until` "
+        "before `since`; 410: older than the history kept.")
 RESTORE = ("One write that puts every key of the scope (or only `keys`) back to its value right "
            "after change `at`, as new versions recorded in the feed; keys made since are "
            "deleted. `{\"restored\"}`: how many keys changed. A restored key does not expire. "
@@ -90,24 +93,51 @@ def history_page(s: agentstate.Scope, key: str, since: int | None, before: int |
     """``{"revisions", "next"}``: at most ``limit`` revisions before ``before``, newest
     first, read a few at a time until their values pass ``budget`` bytes (the API's route
     and the MCP tool). Blocking."""
-    out: list[agentstate.Revision] = []
-    size, cursor, more = 0, before, True
+    def read(cursor: int | None, n: int) -> list[agentstate.Revision]:
+        return s.history(key, since=since, before=cursor, limit=n)
+
+    out, more = bounded(read, lambda r: _size(r.value), lambda r: r.seq, before, limit, budget)
+    return {"revisions": [revision(r) for r in out], "next": out[-1].seq if more else None}
+
+
+def bounded(read: Any, size_of: Any, cursor_of: Any, cursor: Any, limit: int,
+            budget: int) -> tuple[list[Any], bool]:
+    """Up to ``limit`` rows of ``read(cursor, n)`` (n rows after ``cursor``), read a few at
+    a time, stopping at the first row whose values take the page past ``budget`` bytes;
+    and whether there may be more. The first read is of one row and each next read of as
+    many as the budget left holds at the sizes seen so far (at most CHUNK): a page passes
+    its budget by one row, and holds no more than that in memory (a list's every revision,
+    a diff's both values, may be the whole of a big list)."""
+    out: list[Any] = []
+    size, more = 0, True
     while more and len(out) < limit and size < budget:
         want = min(CHUNK, limit - len(out))
-        got = s.history(key, since=since, before=cursor, limit=want)
-        out += got
-        size += sum(_size(r.value) for r in got)
+        if size:
+            want = min(want, max(1, (budget - size) * len(out) // size))
+        elif not out:
+            want = 1
+        got = read(cursor, want)
         more = len(got) == want
-        cursor = got[-1].seq if got else cursor
-    return {"revisions": [revision(r) for r in out],
-            "next": out[-1].seq if more and out else None}
+        for i, row in enumerate(got):
+            out.append(row)
+            size += size_of(row)
+            if size >= budget:
+                more = more or i + 1 < len(got)
+                break
+        if out:
+            cursor = cursor_of(out[-1])
+    return out, more and bool(out)
 
 
 async def diff(api: API, c: Call) -> Response:
     """Each key changed after ``since`` up to ``until`` that the caller may read, a page
     at a time (``limit``, default 1,000; ``after``, the ``next`` of the page before): the
     session rule and the token's grants leave out the rest in the store's own query, as
-    in the feed, so a caller that may read little costs the store little."""
+    in the feed, so a caller that may read little costs the store little. A page ends
+    early once its values pass ``LIMITS.history_bytes``. Without ``until`` the diff is up
+    to the newest change when its first page was asked: ``next`` carries that change, so
+    a diff followed page by page is of one moment (a write between two pages shows up in
+    none of them, never half)."""
     q = c.request.query_params
     since = h.query_int(c.request, "since", 0)
     until = h.query_int(c.request, "until", None)
@@ -116,19 +146,39 @@ async def diff(api: API, c: Call) -> Response:
     assert since is not None
     after = None
     if q.get("after"):
-        kind, sid, key = (q["after"].split("/") + ["", "", ""])[:3]
-        after = (check_kind(kind), check_key(sid, "scope id"), check_key(key))
+        parts = q["after"].split("/")
+        if len(parts) not in (3, 4):
+            raise InvalidValue("after is the next of a diff's page: KIND/SCOPE_ID/KEY, "
+                               f"and the change it is up to, got {q['after']!r}")
+        after = (check_kind(parts[0]), check_key(parts[1], "scope id"), check_key(parts[2]))
+        if len(parts) == 4:
+            end = int(parts[3]) if h.ascii_int(parts[3]) else -1
+            if end < 0 or (until is not None and until != end):
+                raise InvalidValue(f"after {q['after']!r} is of a diff up to another change "
+                                   f"than until={until}")
+            until = end
     readable = _access.past_readable(c.p, c.rules)
 
-    def read() -> list[agentstate.Diff]:
-        return _past.diff_rows(api.db._ops.diff(since, until, flt, readable, after, limit))
+    def read() -> tuple[list[agentstate.Diff], bool, int | None]:
+        end = until
+        if end is None:  # the newest change now: every page of this diff is up to it
+            head = api.db.last_change()
+            end = head if head >= since else None  # else the store says since is past it
 
-    found = await h.blocking(read)
-    last = found[-1] if len(found) == limit else None
+        def chunk(cursor: tuple[str, str, str] | None, n: int) -> list[agentstate.Diff]:
+            return _past.diff_rows(api.db._ops.diff(since, end, flt, readable, cursor, n))
+
+        found, more = bounded(chunk, lambda d: _size(d.before.value) + _size(d.after.value),
+                              lambda d: (d.kind, d.scope_id, d.key), after, limit,
+                              LIMITS.history_bytes)
+        return found, more, end
+
+    found, more, end = await h.blocking(read)
+    last = found[-1] if more else None
     return await c.answer({"diffs": [
         {"kind": d.kind, "scope_id": d.scope_id, "key": d.key,
          "before": value(*d.before), "after": value(*d.after)} for d in found],
-        "next": None if last is None else f"{last.kind}/{last.scope_id}/{last.key}"})
+        "next": None if last is None else f"{last.kind}/{last.scope_id}/{last.key}/{end}"})
 
 
 async def restore(api: API, c: Call) -> Response:
