@@ -20,7 +20,8 @@ import pytest
 import agentstate
 
 from .serverproc import serve
-from .test_typescript import PACKAGE, _install, _npm
+from . import nodejs
+from .test_typescript import PACKAGE
 from .test_ui_browser import browser  # noqa: F401  (the fixture: one headless Chromium)
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>agentstate in a page</title>
@@ -70,8 +71,8 @@ const [url, token, done] = arguments;
 @pytest.fixture(scope="module")
 def client_dir(tmp_path_factory):
     """The client as the package builds it (dist/, ESM), beside a page that imports it."""
-    npm = _npm()
-    _install(npm)
+    npm = nodejs.npm("the browser's CORS test")
+    nodejs.install(npm, PACKAGE)
     r = subprocess.run([npm, "run", "build"], cwd=PACKAGE, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     site = tmp_path_factory.mktemp("page")

@@ -9,10 +9,8 @@ agentstate first on its path).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -20,36 +18,17 @@ import pytest
 
 import agentstate
 
+from . import nodejs
 from .conftest import REPO
 
 PACKAGE = REPO / "clients" / "typescript"
-STAMP = PACKAGE / "node_modules" / ".agentstate-lock.sha256"  # what npm ci installed from
-
-
-def _npm() -> str:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        if os.environ.get("CI"):  # .ci/run installs nodejs and npm
-            pytest.fail("node and npm are needed for the TypeScript client's tests", pytrace=False)
-        pytest.skip("node or npm is not installed here: the TypeScript client's tests did not run")
-    return npm
-
-
-def _install(npm: str) -> None:
-    digest = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == digest:
-        return
-    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=PACKAGE,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"npm ci failed:\n{r.stdout}\n{r.stderr}"
-    STAMP.write_text(digest)
 
 
 @pytest.mark.timeout(1800)  # npm ci (600 s) then npm test (900 s), each bounded
 def test_typescript_client_suites_pass():
     """The TypeScript client passes its node --test suites against a real agentstate serve."""
-    npm = _npm()
-    _install(npm)
+    npm = nodejs.npm("the TypeScript client's tests")
+    nodejs.install(npm, PACKAGE)
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "AGENTSTATE_PYTHON": sys.executable, "PYTHONPATH": path}
     env.pop("AGENTSTATE_DB", None)

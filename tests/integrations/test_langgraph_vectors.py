@@ -385,9 +385,10 @@ CREATE OPERATOR fakevec.<#> (LEFTARG = fakevec.vector, RIGHTARG = fakevec.vector
 
 @pytest.mark.parametrize("metric", ["cosine", "l2", "inner_product"])
 def test_the_pgvector_statement_scores_as_the_exact_search(pg_url, metric):
-    """pgvector is not installable here: its statement (the cast of a stored vector to the
-    extension's type, its three operators, the scores made of them) runs against a
-    stand-in schema with the same names, and ranks and scores as the exact search."""
+    """pgvector's statement (the cast of a stored vector to the extension's type, its three
+    operators, the scores made of them) against a stand-in installed in a schema of its own
+    on the suite's PostgreSQL 15 (Debian packages no pgvector): the schema is named in every
+    operator. The real extension is tested on PGlite (test_pgvector.py)."""
     schema = "fakevec_" + uuid.uuid4().hex[:8]  # the server's: one per test
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute(STAND_IN.replace("fakevec", schema))
