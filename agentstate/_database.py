@@ -57,7 +57,7 @@ class Database:
 
     @property
     def _store(self) -> Any:  # the connection manager of a local backend (tests reach for it)
-        return getattr(self._ops, "store")
+        return getattr(self._ops, "store")  # noqa: B009 (not on the Ops protocol)
 
     def __repr__(self) -> str:
         return f"<agentstate.Database {self.path!r}{' closed' if self._ops.closed else ''}>"

@@ -69,7 +69,7 @@ _loads = _decoder.decode
 # whitespace and then checks for trailing text, each with a regex; agentstate
 # stores compact JSON, which has none, so a read parses ~0.7 µs sooner
 # (benchmarks/PYTHON-COST.md). Anything else takes ``_loads`` (see decode()).
-_scan: Any = getattr(_decoder, "scan_once")  # set by JSONDecoder.__init__
+_scan: Any = getattr(_decoder, "scan_once")  # noqa: B009 (set by JSONDecoder.__init__)
 
 
 def check_key(key: Any, what: str = "key") -> str:

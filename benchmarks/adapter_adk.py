@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import datetime
 import gc
-import json
 import os
 import platform
 import random

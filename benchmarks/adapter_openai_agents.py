@@ -338,7 +338,7 @@ def runner_table(t: dict[str, list[float]], turns: int, absent: str | None) -> s
           f"| PostgreSQL | {ms('agentstate-pg')} | {ms('sqlalchemy')} (SQLAlchemySession) | "
           f"{ratio(t['agentstate-pg'], t['sqlalchemy'])} |")
     return "\n".join([
-        f"| backend | AgentStateSession, per turn | the framework's own, per turn | ratio |",
+        "| backend | AgentStateSession, per turn | the framework's own, per turn | ratio |",
         "|---|---:|---:|---:|",
         f"| SQLite | {ms('agentstate')} | {ms('sqlite')} (SQLiteSession) | "
         f"{ratio(t['agentstate'], t['sqlite'])} |",

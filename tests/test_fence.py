@@ -91,7 +91,7 @@ def test_the_running_turn_writes(db):
     """The same writes fenced by the turn that holds the session land."""
     s, _old, new = taken_over(db)
     seed(db, s.id)
-    for name, write in every_write(db, s.id, new).items():
+    for _name, write in every_write(db, s.id, new).items():
         write()
     kv = db.scope("session", s.id)
     assert kv.get("k") == "stale" and kv.get("n") == 1

@@ -403,7 +403,7 @@ def test_killed_loops_resume_without_a_second_effect(db, run, tmp_path):
             f"callworkers.once_loop(sys.argv[1], {run!r}, {n}, sys.argv[2])")
     cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rng = random.Random()
-    for kill in range(8):  # then one run to the end
+    for _kill in range(8):  # then one run to the end
         proc = subprocess.Popen([sys.executable, "-c", code, served_target(db), out], cwd=cwd,
                                 stdout=subprocess.PIPE)
         assert proc.stdout.readline() == b"started\n"  # it opened the store: kill from here on

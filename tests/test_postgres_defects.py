@@ -476,7 +476,7 @@ def test_an_idle_watcher_holds_back_no_notification(db, admin):
     assert db.watch(db.last_change(), timeout=0.01) == []
     with RawSQL(db) as raw:
         channel = raw.execute("SELECT feed_channel()")[0][0]
-        for i in range(2000):  # as many writes' wake-ups, but large: the socket fills sooner
+        for _ in range(2000):  # as many writes' wake-ups, but large: the socket fills sooner
             raw.execute("SELECT pg_notify(?, repeat('x', 7900))", (channel,))
     s.put("k", 1)
     assert admin.execute("SELECT pg_notification_queue_usage()").fetchone()[0] < 1e-4
