@@ -24,7 +24,7 @@ import agentstate
 from agentstate._encoding import check_key
 from agentstate._grants import RUNS
 from agentstate.errors import InvalidKey, Unauthorized
-from agentstate.server import _access
+import agentstate.server._access as _access
 from agentstate.server._access import Rules, SessionRule
 from agentstate.server._api import API, Notifier, Waits, fenced_db
 

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentstate.errors import AgentStateError, Busy
-from agentstate.server import _http as h
+import agentstate.server._http as h
 from agentstate.server._api import API
 from agentstate.server._limits import LIMITS
 

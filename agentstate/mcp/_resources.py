@@ -25,7 +25,7 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY, ResourceUpdated, 
 
 import agentstate
 from agentstate.errors import AgentStateError, CursorExpired, InvalidKey, NotFound, TooLarge
-from agentstate.server import _http as h
+import agentstate.server._http as h
 from agentstate.server._api import DOTS
 
 from ._caller import Caller, Host

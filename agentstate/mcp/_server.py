@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 import agentstate
 from agentstate.errors import AgentStateError, Forbidden, InvalidValue
-from agentstate.server import _http as h
+import agentstate.server._http as h
 
 from ._caller import Host
 from ._resources import Resources, Subscriptions
@@ -200,7 +200,7 @@ class Stdin:
 
     @staticmethod
     def answerable(line: str, e: ValueError) -> str | None:
-        from agentstate.server import _json
+        import agentstate.server._json as _json
         from agentstate.server._limits import LIMITS
 
         try:

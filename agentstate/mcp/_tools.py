@@ -25,8 +25,8 @@ from agentstate import _changes
 from agentstate._encoding import INT_MAX, encode
 from agentstate.backends.base import KEEP
 from agentstate.errors import RunNotFound, VersionConflict
-from agentstate.server import _feedread
-from agentstate.server import _http as h
+import agentstate.server._feedread as _feedread
+import agentstate.server._http as h
 from agentstate.server._api import change, next_after
 from agentstate.server._limits import LIMITS
 from agentstate.server.views.past import history_page

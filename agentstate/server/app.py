@@ -23,7 +23,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import agentstate
-from agentstate import mcp
 from agentstate.errors import AgentStateError, InvalidValue
 
 from . import _http as h
@@ -60,6 +59,8 @@ async def on_error(request: Request, exc: Exception) -> Response:
 def create_app(db: agentstate.Database, *, cors_origins: Iterable[str] = ()) -> Starlette:
     """The State API over ``db`` (a Database from ``agentstate.open``). ``cors_origins``:
     the origins whose pages may call the API from a browser (SPEC §16; none: no CORS)."""
+    from agentstate import mcp  # here: mcp's modules import the server's (no cycle at import)
+
     from . import ui
 
     api = API(db)
