@@ -296,8 +296,11 @@ class PageRun:
             raise DocsError(f"{block.where()}: a background block is one command")
         with open(log, "wb") as out:
             # exec: the signal reaches the command itself, as Ctrl-C would
+            # PYTHONFAULTHANDLER: a command that does not stop on Ctrl-C prints its threads'
+            # stacks on the SIGABRT it then gets (stop_background), into the log the error shows
             proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=self.workdir,
-                                    env=self.shell_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    env={**self.shell_env(), "PYTHONFAULTHANDLER": "1"},
+                                    stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self.background.append((block, proc, log))
         deadline = time.monotonic() + WAIT
@@ -329,13 +332,18 @@ class PageRun:
                 try:
                     proc.wait(WAIT)
                 except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGABRT)  # its stacks, into the log (see start)
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        pass
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             if not check:
                 continue
             text = log.read_text(errors="replace")
             if proc.returncode != 0:
-                raise DocsError(f"{block.where()}: exited {proc.returncode} on Ctrl-C:\n{text[-3000:]}")
+                raise DocsError(f"{block.where()}: exited {proc.returncode} on Ctrl-C:\n{text[-8000:]}")
             missing = [e for e in expect if e not in text]
             if missing:
                 raise DocsError(f"{block.where()}: never printed {missing}:\n{text[-3000:]}")
