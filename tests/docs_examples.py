@@ -5,6 +5,7 @@ The conventions are written down once, at the top of tests/test_docs.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -174,6 +175,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class PageRun:
     """Runs one page's blocks in order, in ``workdir``, with ``$AGENTSTATE_DB`` there (or the
     PostgreSQL URL), the ``agentstate`` command on PATH and one free port for 8765."""
@@ -297,9 +302,12 @@ class PageRun:
         with open(log, "wb") as out:
             # exec: the signal reaches the command itself, as Ctrl-C would
             # PYTHONFAULTHANDLER: a command that does not stop on Ctrl-C prints its threads'
-            # stacks on the SIGABRT it then gets (stop_background), into the log the error shows
+            # stacks on the SIGABRT it then gets (stop_background), into the log the error shows.
+            # SIGINT as in a terminal: a test run started as a shell's background job ignores
+            # it, its children inherit that, and Python then installs no KeyboardInterrupt.
             proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=self.workdir,
                                     env={**self.shell_env(), "PYTHONFAULTHANDLER": "1"},
+                                    preexec_fn=_sigint_as_in_a_terminal,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self.background.append((block, proc, log))
@@ -337,7 +345,8 @@ class PageRun:
                         proc.wait(10)
                     except subprocess.TimeoutExpired:
                         pass
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):  # gone on the SIGABRT
+                        os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             if not check:
                 continue
