@@ -89,12 +89,12 @@ def pg_url(pg_admin_url: str):
 
 @pytest.hookimpl(tryfirst=True)  # before -m 'not slow' deselects
 def pytest_collection_modifyitems(config, items):
-    """A test marked slow_on_postgres is slow (run by CI's -m slow) on PostgreSQL only:
-    its SQLite case stays in the default run."""
+    """A test marked slow_on_postgres is slow (run by CI's -m slow) on PostgreSQL only
+    (its parameters' id names postgres): its SQLite case stays in the default run."""
     for item in items:
         params = getattr(item, "callspec", None)
         if item.get_closest_marker("slow_on_postgres") and params is not None \
-                and params.params.get("any_db") == "postgres":
+                and "postgres" in params.id.split("-"):
             item.add_marker(pytest.mark.slow)
 
 

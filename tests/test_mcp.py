@@ -38,7 +38,8 @@ WRITER = """import sys, time, agentstate
 agentstate.open(sys.argv[1]).scope("user", "u-1").put(sys.argv[2], 1)
 print(time.time())"""  # another process's write, and when it returned
 # The SDK deprecates the 2025 era's resources/subscribe, which today's clients still speak.
-pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+              pytest.mark.slow_on_postgres]  # the MCP layer is one on both backends: PostgreSQL's cases in CI's slow run
 SLACK = 3.0  # seconds on top of the SPEC's 1 s for a notification (a loaded 2-core machine)
 
 

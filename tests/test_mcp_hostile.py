@@ -21,7 +21,8 @@ import pytest
 from .conftest import REPO, digest, target
 from .mcpclient import Reach, call, refusal, run
 
-pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+              pytest.mark.slow_on_postgres]  # the MCP layer is one on both backends: PostgreSQL's cases in CI's slow run
 
 
 @pytest.fixture(params=["stdio", "http"])

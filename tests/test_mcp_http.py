@@ -19,7 +19,8 @@ import agentstate
 from .conftest import digest
 from .mcpclient import MODES, Reach, call, http, run
 
-pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+              pytest.mark.slow_on_postgres]  # the MCP layer is one on both backends: PostgreSQL's cases in CI's slow run
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
