@@ -420,8 +420,8 @@ def test_a_batch_of_thousands_of_ops_is_written(pg_url):
 
 @pytest.mark.slow  # a minute or two: CI runs it with the other long ones (-m slow)
 def test_the_write_benchmarks_run(tmp_path):
-    """python -m benchmarks.pg_writes --quick and benchmarks.pg_profile --quick write their
-    tables (no speed is asserted)."""
+    """python -m benchmarks.pg_writes --quick, benchmarks.pg_profile --quick and
+    benchmarks.pg_history_cost --quick write their tables (no speed is asserted)."""
     import subprocess
     import sys
 
@@ -430,7 +430,9 @@ def test_the_write_benchmarks_run(tmp_path):
             ("benchmarks.pg_writes", "PG-WRITES.md", ("| put, new key |", "| AgentStateSaver.put |",
                                                      "PostgresSaver.put", "| fsync off |")),
             ("benchmarks.pg_profile", "PG-PROFILE.md", ("### put, new key", "| one change row",
-                                                       "Insert on kv"))):
+                                                       "Insert on kv")),
+            ("benchmarks.pg_history_cost", "PG-HISTORY-COST.md", ("| as shipped, history on |",
+                                                                  "| a history-off shape"))):
         done = subprocess.run([sys.executable, "-m", module, "--quick", "--out", str(tmp_path)], cwd=repo,
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
