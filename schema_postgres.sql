@@ -653,8 +653,13 @@ LANGUAGE sql STABLE AS $$
         UNION ALL
         SELECT b.base_id, least(ch.lim, b.base_len), ch.depth + 1
         FROM chain ch JOIN list_base b ON b.list_id = ch.list_id)
+    -- Each list of the chain by its own range of the primary key (OFFSET 0 keeps the
+    -- subquery from being joined whole: the planner, guessing ~100 lists in the chain,
+    -- chose to scan every list's items, whatever the table holds, for a pop of one).
     SELECT DISTINCT ON (i.idx) i.idx, i.item::text
-    FROM chain ch JOIN list_item i ON i.list_id = ch.list_id AND i.idx >= p_start AND i.idx < ch.lim
+    FROM chain ch CROSS JOIN LATERAL (
+        SELECT li.idx, li.item FROM list_item li
+        WHERE li.list_id = ch.list_id AND li.idx >= p_start AND li.idx < ch.lim OFFSET 0) i
     ORDER BY i.idx, ch.depth
 $$;
 
@@ -992,7 +997,12 @@ BEGIN
         RETURN;
     END IF;
     v_left := r.length - v_k;
-    o_items := list_read(r.list_id, v_left, r.length);
+    IF r.list_id > 0 THEN  -- its own items, all of them (a plan kept by the function)
+        SELECT coalesce(array_agg(item::text ORDER BY idx), '{}') INTO o_items FROM list_item
+        WHERE list_id = r.list_id AND idx >= v_left AND idx < r.length;
+    ELSE  -- made from another list: read through its base
+        o_items := list_read(r.list_id, v_left, r.length);
+    END IF;
     IF cardinality(o_items) <> v_k THEN
         PERFORM agentstate_error('Damaged', format('list %s: items %s..%s are missing', r.list_id, v_left,
                                                    r.length - 1));
