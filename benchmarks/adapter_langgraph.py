@@ -228,8 +228,9 @@ def machine(pg_version: str | None) -> str:
     versions = ", ".join(f"{p} {metadata.version(p)}" for p in (
         "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
         "langgraph-checkpoint-postgres", "psycopg"))
-    return (f"{cpu}, {os.cpu_count()} cores, shared with three other agents' builds and tests "
-            f"while it ran (so every figure is noisy: compare within a table, run by run), "
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{cpu}, {os.cpu_count()} cores, shared (load average {load} at the end; every "
+            f"figure is noisy: compare within a table, run by run), "
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
             f"SQLite {apsw.sqlite_lib_version()} (agentstate, apsw) and {sqlite3.sqlite_version} "
             f"(LangGraph, sqlite3), {pg_version or 'no PostgreSQL'}, {versions}")
@@ -295,9 +296,9 @@ def section(title: str, rows: dict[str, list], theirs: str, chat_bytes: str = ""
 
 READING = """## Reading the figures
 
-- Sizes are modest (histories of 2,000, not 10,000) and the machine's two cores were
-  shared with three other agents' work: a figure moves by 1.5x between runs, puts (one
-  fsync each) most. Compare a row's two systems, which took turns in one run.
+- Sizes are modest (histories of 2,000, not 10,000) and the machine's two cores are
+  shared: a figure moves by 1.5x between runs, puts (one fsync each) most. Compare a
+  row's two systems, which took turns in one run.
 - What the adapters do per LangGraph call: `get_tuple` is one range read of the store
   (`scope.items`: the record with its pending writes, one row or two); `list` reads
   pages of them; `put_writes` is one append; `put` is one `db.batch()` (a `check`
@@ -327,14 +328,12 @@ READING = """## Reading the figures
   contract's rules (~5 µs for a checkpoint record), encodes it (~6 µs), keeps its
   version and records its change in the feed (a second row), where LangGraph's
   saver inserts one msgpack row.
-- PostgreSQL writes: a checkpoint put and a store put are one round trip each now
-  (`db.batch()` with its BEGIN, checks and COMMIT; they were three). What is left is
-  the server's work per statement: each of our writes is a function that keeps
-  versions, key locks and the change feed. Timed on the server, a batch of one
-  check and one new key's `kv_put` costs ~430 µs more than an empty transaction
-  (the first `kv_put` of a transaction ~180 µs, the check ~60 µs, moving the
-  changes to the feed at COMMIT ~80 µs, the wake-up ~50 µs), where a plain INSERT
-  costs ~45 µs. Under a graph's threads each round trip also waits for the GIL
+- PostgreSQL writes: a checkpoint put and a store put are one round trip each, one
+  prepared statement (benchmarks/PG-WRITES.md: the saver's put costs the server
+  ~130 µs of CPU where PostgresSaver.put costs ~72). What is left is rows: with
+  value history on (the default) a put writes the key's row, its change row and the
+  value it replaces (benchmarks/PG-HISTORY-COST.md), where LangGraph's saver
+  upserts one row. Under a graph's threads each round trip also waits for the GIL
   when it returns.
 - The store's filtered search decodes each candidate item in Python where LangGraph's
   stores filter with json_extract / jsonb in SQL; a filter that lets few items through
