@@ -40,7 +40,7 @@ import psycopg  # noqa: E402
 from psycopg.types.numeric import Int8Dumper  # noqa: E402
 
 import agentstate  # noqa: E402
-from benchmarks.pg_writes import VALUE, Chain  # noqa: E402
+from benchmarks.pg_writes import VALUE, Chain, agentstate_writes  # noqa: E402
 from tests import pgserver  # noqa: E402
 
 SETTINGS = (pgserver.DURABLE + " -c fsync=off -c full_page_writes=off"
@@ -61,37 +61,12 @@ class Writes:
     """The writes, each a callable; the backend serving them; the building blocks."""
 
     def __init__(self, url: str) -> None:
-        from agentstate.integrations.langgraph import AgentStateSaver
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
 
         self.db = agentstate.open(url)
-        kv = self.db.scope("app", "p")
-        kv.put("e", VALUE)
-        kv.put("k", VALUE)
-        kv.append("l", [VALUE])
-        state = {"n": 0, "cas": kv.put("c", VALUE)}
-        saver, chain = AgentStateSaver(self.db), Chain("t")
+        self.writes = agentstate_writes(self.db, "p", "t")
         self.pid = next(iter(self.db._store._conns)).info.backend_pid  # a pool of one, unless threads
-
-        def new() -> None:
-            state["n"] += 1
-            kv.put(f"n{state['n']}", VALUE)
-
-        def cas() -> None:
-            state["cas"] = kv.put("c", VALUE, if_version=state["cas"])
-
-        def batch() -> None:
-            state["n"] += 1
-            with self.db.batch() as b:
-                s = b.scope("app", "p")
-                s.check("k", if_version=1)
-                s.put(f"a{state['n']}", VALUE, if_version=0)
-                s.put(f"b{state['n']}", VALUE, if_version=0)
-
-        self.writes = {"put, new key": new, "put, existing key": lambda: kv.put("e", VALUE),
-                       "put with if_version": cas, "append 1 item": lambda: kv.append("l", [VALUE]),
-                       "batch: a check and two puts": batch, "AgentStateSaver.put": lambda: chain.put(saver)}
         self.raw = psycopg.connect(url, autocommit=True, prepare_threshold=0)
         self.raw.adapters.register_dumper(int, Int8Dumper)
         r = self.raw

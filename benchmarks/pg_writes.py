@@ -117,16 +117,16 @@ class Chain:
         self.parent = saver.put({"configurable": conf}, cp, meta, new)["configurable"]["checkpoint_id"]
 
 
-def _agentstate_variants(url: str, durability: str) -> dict[str, Any]:
-    import agentstate
+def agentstate_writes(db: Any, scope_id: str, thread_id: str) -> dict[str, Any]:
+    """The writes measured, on ``db``'s scope app:``scope_id`` (and a checkpoint chain of
+    ``thread_id``), each a callable; pg_profile.py measures the same ones."""
     from agentstate.integrations.langgraph import AgentStateSaver
 
-    db = agentstate.open(url, durability=durability)
-    kv = db.scope("app", f"w{os.getpid()}")
+    kv = db.scope("app", scope_id)
     kv.put("e", VALUE)
     kv.append("l", [VALUE])
     state = {"n": 0, "cas": kv.put("c", VALUE), "check": kv.put("k", VALUE)}
-    saver, chain = AgentStateSaver(db), Chain(f"t{os.getpid()}")
+    saver, chain = AgentStateSaver(db), Chain(thread_id)
 
     def put_new() -> None:
         state["n"] += 1
@@ -149,6 +149,13 @@ def _agentstate_variants(url: str, durability: str) -> dict[str, Any]:
             "append 1 item": lambda: kv.append("l", [VALUE]),
             "batch: a check and two puts": batch,
             "AgentStateSaver.put": lambda: chain.put(saver)}
+
+
+def _agentstate_variants(url: str, durability: str) -> dict[str, Any]:
+    import agentstate
+
+    db = agentstate.open(url, durability=durability)
+    return agentstate_writes(db, f"w{os.getpid()}", f"t{os.getpid()}")
 
 
 def _floor_variants(url: str) -> dict[str, Any]:
