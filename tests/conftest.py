@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,19 @@ def db(db_path: str):
     d = agentstate.open(db_path)
     yield d
     d.close()
+
+
+@contextlib.contextmanager
+def sigint_as_in_a_terminal():
+    """Children started inside get SIGINT's default, as a command typed in a terminal
+    does: a test run started as a shell's background job ignores SIGINT, children
+    inherit that, and Python then installs no KeyboardInterrupt (Ctrl-C does nothing).
+    A handler set here (main thread) is reset to the default by exec."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def file_digest(path: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .conftest import REPO
+from .conftest import REPO, sigint_as_in_a_terminal
 
 DOCS = REPO / "docs"
 RUN = {"python": "python", "py": "python", "sh": "sh", "bash": "sh", "console": "console"}
@@ -175,10 +175,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sigint_as_in_a_terminal() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 class PageRun:
     """Runs one page's blocks in order, in ``workdir``, with ``$AGENTSTATE_DB`` there (or the
     PostgreSQL URL), the ``agentstate`` command on PATH and one free port for 8765."""
@@ -303,13 +299,11 @@ class PageRun:
             # exec: the signal reaches the command itself, as Ctrl-C would
             # PYTHONFAULTHANDLER: a command that does not stop on Ctrl-C prints its threads'
             # stacks on the SIGABRT it then gets (stop_background), into the log the error shows.
-            # SIGINT as in a terminal: a test run started as a shell's background job ignores
-            # it, its children inherit that, and Python then installs no KeyboardInterrupt.
-            proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=self.workdir,
-                                    env={**self.shell_env(), "PYTHONFAULTHANDLER": "1"},
-                                    preexec_fn=_sigint_as_in_a_terminal,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            with sigint_as_in_a_terminal():  # it is stopped by Ctrl-C
+                proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=self.workdir,
+                                        env={**self.shell_env(), "PYTHONFAULTHANDLER": "1"},
+                                        stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         self.background.append((block, proc, log))
         deadline = time.monotonic() + WAIT
         port = int(self.port) if re.search(rf"(:|--port ){self.port}\b", command) else None

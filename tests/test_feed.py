@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import agentstate
 from agentstate.cli import cli
 
-from .conftest import RawSQL, target
+from .conftest import RawSQL, sigint_as_in_a_terminal, target
 
 ALICE = agentstate.Principal("alice")
 
@@ -287,18 +287,13 @@ def test_command_changes_and_follow(db):
     line = json.loads(r.stdout.splitlines()[0])
     assert r.exit_code == 0 and set(line) == set(agentstate.Change._fields)
     assert line["op"] == "put" and line["at"].endswith("Z")
-    # A child inherits an ignored SIGINT (as in a shell script's background job) and
-    # Python then installs no KeyboardInterrupt handler: give it the default to inherit.
     # --since the head: a child slower to start than the append below still prints it (with
     # no --since it follows from its own start, and a loaded CI machine once hung here).
     head = db.last_change()
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    with sigint_as_in_a_terminal():
         p = subprocess.Popen([sys.executable, "-m", "agentstate", "--db", db_path, "--json",
                               "changes", "--follow", "--since", str(head)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    finally:
-        signal.signal(signal.SIGINT, old)
     try:
         time.sleep(1.0)  # usually started and waiting: the append then wakes its watch
         db.scope("app", "a").append("l", [1])
