@@ -46,6 +46,7 @@ import psycopg  # noqa: E402
 import agentstate  # noqa: E402
 from agentstate.backends.postgres import lean  # noqa: E402
 from benchmarks import pg_writes as pw  # noqa: E402
+from benchmarks.pg_profile import backend_cpu_ns  # noqa: E402
 
 BEFORE = "1e5272d"  # the last commit before history (issue 39)
 
@@ -60,11 +61,6 @@ def _lean_before(folder: str):
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
-
-
-def _cpu_ns(pid: int) -> int:
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0])
 
 
 def variants(before) -> dict[str, tuple[str, bool]]:
@@ -134,10 +130,10 @@ def main() -> None:
         for _ in range(rounds):
             for name in random.sample(list(jobs), len(jobs)):
                 c, text, pid = jobs[name]
-                c0 = _cpu_ns(pid)
+                c0 = backend_cpu_ns(pid)
                 for _ in range(n):
                     c.execute(text, params, prepare=True).fetchone()
-                out[name].append((_cpu_ns(pid) - c0) / n / 1e3)
+                out[name].append((backend_cpu_ns(pid) - c0) / n / 1e3)
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         med = {name: statistics.median(xs) for name, xs in out.items()}
         base = med[f"before history ({BEFORE}), history off"]

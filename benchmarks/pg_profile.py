@@ -52,7 +52,8 @@ SETTINGS = (pgserver.DURABLE + " -c fsync=off -c full_page_writes=off"
 TEXT = json.dumps(VALUE, separators=(",", ":"))
 
 
-def _cpu(pid: int) -> int:
+def backend_cpu_ns(pid: int) -> int:
+    """A backend process's CPU time so far, in ns (/proc/PID/schedstat)."""
     with open(f"/proc/{pid}/schedstat") as f:
         return int(f.read().split()[0])
 
@@ -121,10 +122,10 @@ def cpu_per_call(jobs: dict[str, tuple[Any, int]], n: int, rounds: int) -> dict[
     for _ in range(rounds):
         for name in random.sample(list(jobs), len(jobs)):
             fn, pid = jobs[name]
-            c0 = _cpu(pid)
+            c0 = backend_cpu_ns(pid)
             for _ in range(n):
                 fn()
-            got[name].append((_cpu(pid) - c0) / n / 1e3)
+            got[name].append((backend_cpu_ns(pid) - c0) / n / 1e3)
     return {name: statistics.median(v) for name, v in got.items()}
 
 
