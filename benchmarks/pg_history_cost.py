@@ -48,7 +48,7 @@ from agentstate.backends.postgres import lean  # noqa: E402
 from benchmarks import pg_writes as pw  # noqa: E402
 from benchmarks.pg_profile import backend_cpu_ns  # noqa: E402
 
-BEFORE = "1e5272d"  # the last commit before history (issue 39)
+BEFORE = "bd35024"  # the last commit on main before history (issue 39; 148d83e added it)
 
 
 def _lean_before(folder: str):

@@ -134,3 +134,21 @@ def test_fence_benchmark_smoke():
     results = fence.run(rounds=1, calls=2, pg_url=None)
     text = fence.table(results) + "\n" + fence.ratios(results)
     assert "| put, fenced |" in text and "fenced ÷ plain" in text and "100,000 ÷ 100" in text
+
+
+def test_every_revision_a_test_or_benchmark_names_is_on_mains_history() -> None:
+    """A revision named by a constant whose comment says it is a commit (``BEFORE = "bd35024"  # the last
+    commit ...``) is read with ``git show`` or
+    ``git archive``; one that is not an ancestor of HEAD exists only in the clone it was
+    made in (a commit later rebased), and the run that needs it fails on every other clone."""
+    named = {}
+    files = [*(REPO / "benchmarks").glob("*.py"), *(REPO / "tests").glob("*.py"),
+             *(REPO / "tests" / "integrations").glob("*.py")]
+    for path in files:
+        for m in re.finditer(r'^[A-Z][A-Z0-9_]* = "([0-9a-f]{7,40})" *#.*\bcommit\b', path.read_text(), re.M):
+            named[m.group(1)] = path.name
+    assert {"bd35024", "be4f1f3"} <= set(named), named  # the scan finds the ones it is for
+    for rev, where in named.items():
+        done = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", rev, "HEAD"],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"{where} names {rev}, which is not on HEAD's history: {done.stderr}"
