@@ -392,9 +392,9 @@ def test_racing_processes_run_each_call_once(db, run, tmp_path):
         assert sorted(e[i] for e in ended).count("ran") == 1
 
 
-def test_killed_loops_resume_without_a_second_effect(db, run, tmp_path):
-    """A loop of once() calls is killed (SIGKILL) at random moments and run again, with a
-    reconcile that checks the outside effect: every effect happens exactly once."""
+def _killed_loops_resume(db, run, tmp_path, kills: int) -> None:
+    """A loop of once() calls is killed (SIGKILL) at random moments ``kills`` times and run
+    again, with a reconcile that checks the outside effect: every effect happens exactly once."""
     import random
 
     out = str(tmp_path / "effects.txt")
@@ -403,7 +403,7 @@ def test_killed_loops_resume_without_a_second_effect(db, run, tmp_path):
             f"callworkers.once_loop(sys.argv[1], {run!r}, {n}, sys.argv[2])")
     cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rng = random.Random()
-    for _kill in range(8):  # then one run to the end
+    for _kill in range(kills):  # then one run to the end
         proc = subprocess.Popen([sys.executable, "-c", code, served_target(db), out], cwd=cwd,
                                 stdout=subprocess.PIPE)
         assert proc.stdout.readline() == b"started\n"  # it opened the store: kill from here on
@@ -416,3 +416,14 @@ def test_killed_loops_resume_without_a_second_effect(db, run, tmp_path):
     assert done.returncode == 0
     assert callworkers.effects(out) == [f"c{i}" for i in range(n)]
     assert db.runs.claim(run, f"c{n - 1}").status == "done"
+
+
+def test_killed_loops_resume_without_a_second_effect(db, run, tmp_path):
+    """Four kills at random moments (each costs a start and a lease: ~1 s)."""
+    _killed_loops_resume(db, run, tmp_path, kills=4)
+
+
+@pytest.mark.slow  # ~16 s a backend: CI's -m slow
+def test_killed_loops_resume_without_a_second_effect_many_times(db, run, tmp_path):
+    """Sixteen kills at random moments, the same checks."""
+    _killed_loops_resume(db, run, tmp_path, kills=16)

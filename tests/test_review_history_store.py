@@ -143,21 +143,16 @@ def _expired_since(db) -> int:
     return then
 
 
-def test_review_history_a_key_that_expired_since_is_restored(db):
-    """restore(then) puts "every key of the scope back to its value at seq" (a restored
-    key does not expire). A key live then that has expired since, with no 'expire' change
-    recorded yet (nothing met it), was left out: the restore looked only at the keys with
-    a change after ``then``, answered 0, and the key stayed absent."""
-    then = _expired_since(db)
-    s = db.scope("app", "exp")
-    assert s.restore(then) == 1
-    assert s.get("t") == "live" and s.expires_at("t") is None
-
-
-def test_review_history_a_key_that_expired_since_is_in_the_diff(db):
-    """diff(then) lists every key whose value differs between the two moments: a key live
+def test_review_history_a_key_that_expired_since_is_in_the_diff_and_restored(db):
+    """Two reviews of one case (the key's expiry takes seconds: one wait serves both).
+    diff(then) lists every key whose value differs between the two moments: a key live
     then and expired since (no 'expire' change recorded yet) is live before and absent
-    after. It was left out: the diff looked only at keys with a change in the span."""
+    after. restore(then) puts "every key of the scope back to its value at seq" (a restored
+    key does not expire). Both looked only at the keys with a change after ``then``: the
+    diff left the key out, the restore answered 0 and the key stayed absent."""
     then = _expired_since(db)
     assert [(d.key, d.before.value, d.after.value) for d in
             db.diff(then, kind="app", scope_id="exp")] == [("t", "live", None)]
+    s = db.scope("app", "exp")
+    assert s.restore(then) == 1
+    assert s.get("t") == "live" and s.expires_at("t") is None

@@ -143,6 +143,7 @@ def test_sqlite_store_suites_pass(tmp_path):
 
 
 
+@pytest.mark.slow  # ~20 s; the same suites run on a file in the default run, this in CI's -m slow
 @pytest.mark.timeout(1200)  # a download (300 s) then the suite (600 s), each bounded
 def test_postgres_store_vector_suites_pass(tmp_path, pg_admin_url):
     """The vector-search tests of LangGraph's PostgresStore (sync and async, every distance

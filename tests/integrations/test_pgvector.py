@@ -62,7 +62,9 @@ def pgvector_url():
             proc.wait()
 
 
-@pytest.mark.parametrize("metric", ["cosine", "l2", "inner_product"])
+# A PGlite server a test (~3 s): the default run tries cosine, CI's -m slow the other two as well.
+@pytest.mark.parametrize("metric", ["cosine", *(pytest.param(m, marks=pytest.mark.slow)
+                                                for m in ("l2", "inner_product"))])
 def test_pgvector_ranks_and_scores_as_the_exact_search(pgvector_url, metric):
     """Each distance type: pgvector's ranking and scores are the exact search's (same store,
     same rows), and PostgresStore's formulas; unindexed items follow, unscored."""

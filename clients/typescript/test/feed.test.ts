@@ -188,7 +188,8 @@ async function closedPort(): Promise<number> {
   return port;
 }
 
-describe("a subscription whose stream keeps failing", () => {
+// Its cases mostly wait out back-offs and a timeout, each on a server of its own: run together.
+describe("a subscription whose stream keeps failing", { concurrency: true }, () => {
   it("ends with a StorageError when nothing listens on the port", async () => {
     const t0 = performance.now();
     const e = await ending(connect(`http://127.0.0.1:${await closedPort()}`, { token: "t", timeout: 2 }));
