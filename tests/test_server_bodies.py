@@ -19,6 +19,10 @@ from agentstate.server._routes import ROUTES
 from .conftest import REPO, digest
 from .test_server import _Sync, err
 
+# What a request may ask is judged in the server, above the store: on PostgreSQL the same
+# checks run in CI's -m slow, the SQLite cases in the default run.
+pytestmark = pytest.mark.slow_on_postgres
+
 
 def limit_of(path: str, method: str = "POST") -> int:
     """The body limit the route table states for a route."""

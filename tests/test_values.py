@@ -77,6 +77,7 @@ BAD_VALUES = [
 ]
 
 
+@pytest.mark.slow_on_postgres  # refused above the store: PostgreSQL's case runs in CI's -m slow
 @pytest.mark.parametrize("value", BAD_VALUES, ids=lambda v: type(v).__name__)
 def test_invalid_values_are_refused_and_change_nothing(db, value):
     """Each invalid value raises InvalidValue, for put and append, and writes nothing."""
@@ -93,6 +94,7 @@ def test_invalid_values_are_refused_and_change_nothing(db, value):
     assert s.get("k") is None and s.get("existing") == [1]
 
 
+@pytest.mark.slow_on_postgres  # refused above the store: PostgreSQL's case runs in CI's -m slow
 @settings(max_examples=100)
 @given(
     value=st.one_of(
@@ -139,6 +141,7 @@ def test_int64_bounds(db):
         assert s.get("i") == v
 
 
+@pytest.mark.slow_on_postgres  # refused above the store: PostgreSQL's case runs in CI's -m slow
 @pytest.mark.parametrize(
     "key",
     ["", "x" * 201, "a b", "a/b", "é", "a\x00", "a\n", "a*", "a%", 5, None, b"k", "k\n"],
@@ -162,6 +165,7 @@ def test_key_boundaries(db):
     assert s.list() == ["k" * 200]
 
 
+@pytest.mark.slow_on_postgres  # refused above the store: PostgreSQL's case runs in CI's -m slow
 @pytest.mark.parametrize("kind", ["global", "Session", "", None, "thread "])
 def test_invalid_scope_kinds(db, kind):
     with pytest.raises(InvalidKey):
