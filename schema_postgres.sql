@@ -1496,4 +1496,4 @@ SELECT h.last + row_number() OVER (ORDER BY n.ticket, n.ord), iso_utc(n.at), n.t
        n.scope_id, n.key, n.version, n.start, n.count
 FROM change_new n CROSS JOIN feed_head h;
 
-INSERT INTO agentstate_version (version) VALUES (6);
+INSERT INTO agentstate_version (version) VALUES (7);

@@ -107,7 +107,7 @@ def test_a_version_4_store_is_upgraded_keeping_every_value_and_version(pg_admin_
         # (and the expired key's purge, when the first write asked whether one is due)
         assert [c.op for c in db.changes(14) if c.key != "short"] == ["put", "append"]
         assert db.check() == []
-        assert db.info()["schema_version"] == pgstore.SCHEMA_VERSION == 6
+        assert db.info()["schema_version"] == pgstore.SCHEMA_VERSION == 7
         # value history (schema 6) from the upgrade on: the past before it is not known
         with pytest.raises(agentstate.CursorExpired):
             with db.as_of(numbered - 1) as p:
@@ -209,13 +209,11 @@ def test_no_prepared_statement_scans_a_table_on_a_store_without_statistics(pg_ur
         raw.close()
 
 
-def test_a_list_is_read_by_its_own_index_range_whatever_the_table_holds(pg_url):
-    """A pop, and a read of a list made from another (a fork's), read only the items they
-    need by the primary key's range: list_rows joined the chain of lists to list_item
-    whole (a sequential scan of every list's items: a pop of a 10,000-item session took
-    2.9 ms where it took 0.8), which no plan test of the client's statements saw (it is
-    inside the server's functions). Counted by the transaction's own statistics."""
-    db = agentstate.open(pg_url)
+def _list_item_scans(url: str) -> int:
+    """Sequential scans of list_item by a pop of a list of its own, a read of a forked list
+    and a pop of it, each checked for what it returns. Counted by the transaction's own
+    statistics."""
+    db = agentstate.open(url)
     try:
         s = db.scope("session", "big")
         for i in range(0, 6000, 1000):
@@ -225,11 +223,11 @@ def test_a_list_is_read_by_its_own_index_range_whatever_the_table_holds(pg_url):
         base = db.sessions.create(alice)
         db.scope("session", base.id).append("l", list(range(3000)))
         fork = db.sessions.fork(base.id, alice)
-        with psycopg.connect(pg_url) as c:  # one transaction: its counters are its own
+        with psycopg.connect(url) as c:  # one transaction: its counters are its own
             list_id, = c.execute("SELECT list_id FROM kv WHERE scope_id = 'big' AND key = 'l'").fetchone()
             forked, = c.execute("SELECT list_id FROM kv WHERE scope_id = %s AND key = 'l'",
                                 (fork.id,)).fetchone()
-            assert forked < 0  # made from the base's list
+            assert list_id > 0 and forked < 0  # its own list; one made from the base's
             popped = c.execute("SELECT o_items FROM kv_pop('session', 'big', 'l', 2)").fetchone()[0]
             assert [json.loads(t) for t in popped] == [{"i": 5998}, {"i": 5999}]
             tail = c.execute("SELECT list_read(%s, 2990, 3000)", (forked,)).fetchone()[0]
@@ -239,10 +237,73 @@ def test_a_list_is_read_by_its_own_index_range_whatever_the_table_holds(pg_url):
             assert fork_popped == ["2999"]
             scans, = c.execute("SELECT seq_scan FROM pg_stat_xact_user_tables "
                                "WHERE relname = 'list_item' AND schemaname = current_schema()").fetchone()
-            assert scans == 0
-            assert list_id > 0
+            return scans
     finally:
         db.close()
+
+
+def test_a_list_is_read_by_its_own_index_range_whatever_the_table_holds(pg_url):
+    """A pop, and a read of a list made from another (a fork's), read only the items they
+    need by the primary key's range: list_rows joined the chain of lists to list_item
+    whole (a sequential scan of every list's items: a pop of a 10,000-item session took
+    2.9 ms where it took 0.8), which no plan test of the client's statements saw (it is
+    inside the server's functions)."""
+    assert _list_item_scans(pg_url) == 0
+
+
+# list_rows as schema 6 had it: the chain of lists joined to list_item whole.
+_LIST_ROWS_6 = """CREATE OR REPLACE FUNCTION list_rows(p_list bigint, p_start bigint, p_stop bigint)
+RETURNS TABLE (idx bigint, item text) LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE chain (list_id, lim, depth) AS (
+        SELECT p_list, p_stop, 0
+        UNION ALL
+        SELECT b.base_id, least(ch.lim, b.base_len), ch.depth + 1
+        FROM chain ch JOIN list_base b ON b.list_id = ch.list_id)
+    SELECT DISTINCT ON (i.idx) i.idx, i.item::text
+    FROM chain ch JOIN list_item i ON i.list_id = ch.list_id AND i.idx >= p_start AND i.idx < ch.lim
+    ORDER BY i.idx, ch.depth
+$$"""
+
+
+def _kv_pop_6() -> str:
+    """kv_pop as schema 6 had it: every list read through list_read."""
+    text = pgstore.schema_function("kv_pop")
+    start = text.index("    IF r.list_id > 0 THEN")
+    end = text.index("END IF;", start) + len("END IF;")
+    return text[:start] + "    o_items := list_read(r.list_id, v_left, r.length);" + text[end:]
+
+
+def _make_schema_6(url: str) -> None:
+    """A store as schema 6 left it: its version, list_rows and kv_pop as they were then."""
+    agentstate.open(url).close()
+    with psycopg.connect(url) as c:
+        c.execute(_LIST_ROWS_6)
+        c.execute(_kv_pop_6())
+        c.execute("UPDATE agentstate_version SET version = 6")
+
+
+def test_a_schema_6_store_is_upgraded_to_read_lists_by_their_range(pg_url, pg_admin_url):
+    """Schema 6's list_rows scanned list_item (see above; shown here on a store that keeps
+    it): opening a schema 6 store replaces list_rows and kv_pop with the schema's own
+    (schema 7), and its lists are then read by range."""
+    kept = pgserver.new_schema(pg_admin_url)
+    try:
+        kept_url = pgserver.schema_url(pg_admin_url, kept)
+        _make_schema_6(kept_url)
+        with psycopg.connect(kept_url) as c:  # the version only: no upgrade replaces list_rows
+            c.execute("UPDATE agentstate_version SET version = %s", (pgstore.SCHEMA_VERSION,))
+        assert _list_item_scans(kept_url) > 0
+    finally:
+        pgserver.drop_schema(pg_admin_url, kept)
+    _make_schema_6(pg_url)
+    agentstate.open(pg_url).close()  # the upgrade
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT version FROM agentstate_version").fetchone()[0] == 7 == pgstore.SCHEMA_VERSION
+        for name in ("list_rows", "kv_pop"):
+            body, = c.execute("SELECT prosrc FROM pg_proc WHERE proname = %s AND pronamespace = "
+                              "current_schema()::regnamespace", (name,)).fetchone()
+            assert body in pgstore.schema_function(name), name
+    assert _list_item_scans(pg_url) == 0
 
 
 # -- what the writes keep under concurrency: processes ----------------------------------

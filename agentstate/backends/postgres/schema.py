@@ -149,10 +149,17 @@ def _v5_to_v6(c: psycopg.Connection) -> None:
         c.execute(schema_object(name))
 
 
+def _v6_to_v7(c: psycopg.Connection) -> None:
+    """A list's items read by each list's own primary-key range (list_rows joined the
+    chain of lists to list_item whole, and the planner scanned every list's items for a
+    pop of one); kv_pop reads a list of its own directly."""
+    _functions(c, ("list_rows", "kv_pop"))
+
+
 # MIGRATIONS[n](conn) takes a store from schema version n to n + 1, inside the
 # one transaction (under the advisory lock) that opens it.
 MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6}
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}
 
 
 def ensure_schema(c: psycopg.Connection, where: str) -> str:
